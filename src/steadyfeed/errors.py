@@ -1,0 +1,63 @@
+"""Errors that steadyfeed raises in the consumer.
+
+Every per-sample failure is a :class:`SampleError` that names the sample id, the
+file it came from (when the source can say), the epoch, the batch and how many
+attempts were made, with the worker's traceback text attached and the original
+exception chained as ``__cause__``.
+"""
+from __future__ import annotations
+
+
+class SteadyfeedError(Exception):
+    """Base class of every error steadyfeed raises on purpose."""
+
+
+class SampleError(SteadyfeedError):
+    """A sample could not be read or transformed (after all its attempts)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        sample_id: int,
+        epoch: int,
+        batch_index: int,
+        attempts: int,
+        error_type: str = "",
+        location: str | None = None,
+        worker_traceback: str = "",
+    ):
+        super().__init__(message)
+        self.sample_id = sample_id
+        self.epoch = epoch
+        self.batch_index = batch_index
+        self.attempts = attempts
+        self.error_type = error_type
+        self.location = location
+        self.worker_traceback = worker_traceback
+
+    def __reduce__(self):  # keep the fields when pickled (e.g. re-raised from a subprocess)
+        return (_rebuild, (type(self), self.args[0], self.__dict__.copy()))
+
+
+def _rebuild(cls, message, fields):
+    err = cls.__new__(cls)
+    SteadyfeedError.__init__(err, message)
+    err.__dict__.update(fields)
+    return err
+
+
+class SampleTimeout(SampleError, TimeoutError):
+    """A sample ran past the loader's ``timeout``."""
+
+
+class WorkerDied(SampleError):
+    """A worker process died (e.g. SIGKILL, segfault, out-of-memory kill) while on this sample."""
+
+
+class TooManyErrors(SteadyfeedError):
+    """More samples failed in one epoch than ``max_error_fraction`` allows."""
+
+
+class RemoteError(Exception):
+    """Stands in for a worker exception that could not be pickled back to the consumer."""

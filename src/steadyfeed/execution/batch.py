@@ -1,0 +1,174 @@
+"""Carrying out one batch task: read, transform, collate. Runs inside a worker.
+
+This is the only place that touches the source and the transform, so inline,
+thread and process execution produce bit-identical batches by construction.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ..sampling.seeds import sample_rng
+from ..sources.base import read_many
+from .task import COLLATING, READING_BATCH, BatchResult, BatchTask, SampleFailure, StatusSlot, WorkContext
+
+# allocate(specs) -> {key: empty array}; specs is {key: (shape, dtype)}
+Allocator = Callable[[dict], dict]
+
+
+def numpy_allocator(specs: dict) -> dict:
+    return {key: np.empty(shape, dtype) for key, (shape, dtype) in specs.items()}
+
+
+def _failure(position: int, sample_id: int, attempts: int, exc: BaseException) -> SampleFailure:
+    return SampleFailure(
+        position=position,
+        sample_id=sample_id,
+        attempts=attempts,
+        error_type=type(exc).__name__,
+        message=str(exc),
+        traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        exception=exc,
+    )
+
+
+def _as_sample(raw) -> dict[str, np.ndarray]:
+    if not isinstance(raw, Mapping):
+        raise TypeError(f"a sample must be a dict of arrays, got {type(raw).__name__}")
+    sample = {}
+    for key, value in raw.items():
+        arr = np.asarray(value)
+        if arr.dtype == object:
+            raise TypeError(f"key {key!r} has dtype object; samples must hold numeric or string arrays")
+        sample[str(key)] = arr
+    return sample
+
+
+class _Reader:
+    """Reads and transforms one sample at a time, with the retry bound."""
+
+    def __init__(self, task: BatchTask, ctx: WorkContext):
+        self.task, self.ctx = task, ctx
+        spec = task.spec
+        self.prefetched: dict[int, Mapping] = {}
+        self.read_seconds = 0.0
+        self.transform_seconds = 0.0
+        if task.batched_read and not task.prior_attempts:
+            todo = [p for p in range(len(spec.ids)) if p not in task.excluded]
+            t0 = time.perf_counter()
+            batch = read_many(ctx.source, spec.ids[todo])
+            self.read_seconds += time.perf_counter() - t0
+            if batch is not None:
+                self.prefetched = dict(zip(todo, batch))
+
+    def sample(self, position: int) -> dict | SampleFailure:
+        spec, ctx = self.task.spec, self.ctx
+        sample_id = int(spec.ids[position])
+        draw = 0 if spec.draws is None else int(spec.draws[position])
+        attempts = self.task.prior_attempts.get(position, 0)
+        while True:
+            attempts += 1
+            try:
+                t0 = time.perf_counter()
+                raw = self.prefetched.pop(position, None)
+                if raw is None:
+                    raw = ctx.source[sample_id]
+                t1 = time.perf_counter()
+                self.read_seconds += t1 - t0
+                sample = dict(raw)
+                if ctx.transform is not None:
+                    sample = ctx.transform(sample, sample_rng(ctx.seed, self.task.epoch, sample_id, draw))
+                sample = _as_sample(sample)
+                self.transform_seconds += time.perf_counter() - t1
+                return sample
+            except Exception as exc:  # noqa: BLE001 - any sample failure is reported, never swallowed
+                if attempts > ctx.retries:
+                    return _failure(position, sample_id, attempts, exc)
+
+
+def _mismatch(samples: dict[int, dict], spec_ids, ref_pos: int) -> tuple[int, str] | None:
+    """The first position whose keys, shapes or dtypes differ from the reference sample."""
+    ref = samples[ref_pos]
+    for pos, sample in samples.items():
+        if sample.keys() != ref.keys():
+            return pos, (
+                f"sample {spec_ids[pos]} has keys {sorted(sample)} but sample {spec_ids[ref_pos]} "
+                f"(first of its batch) has {sorted(ref)}"
+            )
+        for key, arr in sample.items():
+            r = ref[key]
+            if arr.shape != r.shape or arr.dtype != r.dtype:
+                return pos, (
+                    f"key {key!r}: sample {spec_ids[pos]} has shape {arr.shape} {arr.dtype} but sample "
+                    f"{spec_ids[ref_pos]} (first of its batch) has shape {r.shape} {r.dtype}"
+                )
+    return None
+
+
+def collate(samples: dict[int, dict], task: BatchTask, allocate: Allocator) -> dict[str, np.ndarray] | None:
+    """Stack the samples (ordered by position) into fresh arrays, with ``id`` and, when padding, ``mask``."""
+    spec = task.spec
+    real = [p for p in sorted(samples) if p < spec.num_real]
+    if not samples:
+        return None
+    rows = spec.pad_to if spec.pad_to is not None else len(real)
+    if rows == 0:
+        return None
+    first = samples[min(samples)]
+    specs = {key: ((rows,) + arr.shape, arr.dtype) for key, arr in first.items()}
+    specs["id"] = ((rows,), np.dtype(np.int64))
+    if spec.pad_to is not None:
+        specs["mask"] = ((rows,), np.dtype(np.float32))
+    out = allocate(specs)
+    for row, pos in enumerate(real):
+        for key, arr in samples[pos].items():
+            out[key][row] = arr
+    for key, arr in first.items():  # padded rows repeat a real row; the mask hides them
+        out[key][len(real):] = arr
+    out["id"][: len(real)] = spec.ids[real]
+    out["id"][len(real):] = -1
+    if spec.pad_to is not None:
+        out["mask"][: len(real)] = 1.0
+        out["mask"][len(real):] = 0.0
+    return out
+
+
+def run_batch(task: BatchTask, ctx: WorkContext, status: StatusSlot, allocate: Allocator = numpy_allocator,
+              should_stop: Callable[[], bool] = lambda: False) -> BatchResult:
+    spec = task.spec
+    status.begin(task.task_id, READING_BATCH)
+    reader = _Reader(task, ctx)
+    samples: dict[int, dict] = {}
+    failures: list[SampleFailure] = []
+    for position in range(len(spec.ids)):
+        if position in task.excluded:
+            continue
+        if should_stop() or (failures and ctx.stop_on_failure):
+            break
+        status.begin(task.task_id, position)
+        outcome = reader.sample(position)
+        if isinstance(outcome, SampleFailure):
+            failures.append(outcome)
+        else:
+            samples[position] = outcome
+    status.begin(task.task_id, COLLATING)
+    t0 = time.perf_counter()
+    while samples and not (failures and ctx.stop_on_failure):
+        bad = _mismatch(samples, spec.ids, min(samples))
+        if bad is None:
+            break
+        pos, message = bad
+        del samples[pos]
+        failures.append(_failure(pos, int(spec.ids[pos]), task.prior_attempts.get(pos, 0) + 1, ValueError(message)))
+    arrays = None if (failures and ctx.stop_on_failure) else collate(samples, task, allocate)
+    timings = {
+        "read": reader.read_seconds,
+        "transform": reader.transform_seconds,
+        "collate": time.perf_counter() - t0,
+    }
+    status.idle()
+    failures.sort(key=lambda f: f.position)
+    return BatchResult(task.task_id, spec.index, arrays, failures, timings)

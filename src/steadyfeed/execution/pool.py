@@ -1,0 +1,198 @@
+"""The pool: hands tasks to workers and turns what happens to them into events.
+
+Events are ``Done(result)`` and ``Lost(tasks, running, cause, detail)``. A worker
+is *lost* when it dies (a process killed by a signal, a thread hit by a
+``BaseException``) or when the sample it is on runs past ``timeout``; the pool then
+replaces it, and the consumer decides what the lost tasks become (``loader.py``).
+Death is seen at once through process sentinels; timeouts within a poll interval.
+"""
+from __future__ import annotations
+
+import pickle
+import queue
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import wait as wait_any
+
+from . import shm
+from .batch import run_batch
+from .task import BatchResult, BatchTask, StatusSlot, WorkContext
+from .workers import ProcessWorker, ThreadWorker, process_context
+
+TASKS_PER_WORKER = 2  # one running, one queued behind it, so no worker idles between tasks
+
+
+@dataclass
+class Done:
+    result: BatchResult
+
+
+@dataclass
+class Lost:
+    tasks: list[BatchTask]  # every task the worker held, in the order it got them
+    running: tuple[int, int] | None  # (task_id, position) it was on when lost, if inside a task
+    cause: str  # "died" or "timeout"
+    detail: str
+
+
+class InlinePool:
+    """workers=0: run each task in the consumer's thread when the consumer waits."""
+
+    def __init__(self, ctx: WorkContext):
+        self.ctx = ctx
+        self._queue: list[BatchTask] = []
+        self._status = StatusSlot([-1, -1, 0.0])
+
+    def free_slots(self) -> int:
+        return 1 - len(self._queue)
+
+    def submit(self, task: BatchTask) -> None:
+        self._queue.append(task)
+
+    def wait(self, timeout: float) -> list:
+        if not self._queue:
+            return []
+        return [Done(run_batch(self._queue.pop(0), self.ctx, self._status))]
+
+    def shutdown(self) -> None:
+        self._queue.clear()
+
+
+class _WorkerPool:
+    def __init__(self, ctx: WorkContext, size: int, timeout: float | None):
+        self.ctx, self.size, self.timeout = ctx, size, timeout
+        self.workers: dict = {}
+        self._next_wid = 0
+        for _ in range(size):
+            self._spawn()
+
+    def _spawn(self):
+        wid, self._next_wid = self._next_wid, self._next_wid + 1
+        self.workers[wid] = self._new_worker(wid)
+
+    def free_slots(self) -> int:
+        return sum(TASKS_PER_WORKER - len(w.outstanding) for w in self.workers.values())
+
+    def submit(self, task: BatchTask) -> None:
+        worker = min(self.workers.values(), key=lambda w: len(w.outstanding))
+        worker.send(task)
+
+    def wait(self, timeout: float) -> list:
+        poll = timeout if self.timeout is None else min(timeout, max(self.timeout / 4, 0.01))
+        events = self._collect(poll)
+        events.extend(self._expire_timeouts())
+        return events
+
+    def _lose(self, wid: int, cause: str, detail: str) -> Lost:
+        worker = self.workers.pop(wid)
+        running = worker.status.read()
+        worker.abandon()
+        self._on_lost(worker)
+        self._spawn()
+        tasks = list(worker.outstanding.values())
+        return Lost(tasks, running[:2] if running else None, cause, detail)
+
+    def _on_lost(self, worker) -> None:
+        pass
+
+    def _expire_timeouts(self) -> list:
+        if self.timeout is None:
+            return []
+        now, lost = time.monotonic(), []
+        for wid, worker in list(self.workers.items()):
+            running = worker.status.read()
+            if running is not None and running[1] >= 0 and now - running[2] > self.timeout:
+                lost.append(self._lose(wid, "timeout", f"ran past timeout={self.timeout}s"))
+        return lost
+
+    def shutdown(self) -> None:
+        workers, self.workers = list(self.workers.values()), {}
+        for worker in workers:
+            worker.abandon() if worker.kind == "thread" else None
+        for worker in workers:
+            worker.stop()
+            self._on_lost(worker)
+
+
+class ThreadPool(_WorkerPool):
+    def __init__(self, ctx: WorkContext, size: int, timeout: float | None):
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        super().__init__(ctx, size, timeout)
+
+    def _new_worker(self, wid: int) -> ThreadWorker:
+        return ThreadWorker(wid, self.ctx, self._outbox)
+
+    def _collect(self, timeout: float) -> list:
+        events = []
+        try:
+            message = self._outbox.get(timeout=timeout)
+            while True:
+                events.extend(self._handle(*message))
+                message = self._outbox.get_nowait()
+        except queue.Empty:
+            return events
+
+    def _handle(self, kind: str, wid: int, payload) -> list:
+        worker = self.workers.get(wid)
+        if worker is None:  # an abandoned worker finished late: its tasks were already re-run
+            return []
+        if kind == "died":
+            return [self._lose(wid, "died", payload)]
+        worker.outstanding.pop(payload.task_id, None)
+        return [Done(payload)]
+
+
+class ProcessPool(_WorkerPool):
+    def __init__(self, ctx: WorkContext, size: int, timeout: float | None):
+        self._mp = process_context()
+        self._token = shm.owner_token()
+        super().__init__(ctx, size, timeout)
+
+    def _new_worker(self, wid: int) -> ProcessWorker:
+        return ProcessWorker(wid, self.ctx, self._mp)
+
+    def submit(self, task: BatchTask) -> None:
+        task.shm_name = shm.segment_name(self._token, task.task_id)
+        super().submit(task)
+
+    def _collect(self, timeout: float) -> list:
+        by_handle = {}
+        for wid, worker in self.workers.items():
+            by_handle[worker.conn] = wid
+            by_handle[worker.sentinel] = wid
+        events = []
+        for handle in wait_any(list(by_handle), timeout):
+            wid = by_handle[handle]
+            worker = self.workers.get(wid)
+            if worker is None:
+                continue
+            if handle is worker.conn:
+                events.extend(self._receive(wid, worker))
+            elif not worker.alive() and wid in self.workers:
+                events.append(self._lose(wid, "died", f"worker process exited with code {worker.process.exitcode}"))
+        return events
+
+    def _receive(self, wid: int, worker: ProcessWorker) -> list:
+        events = []
+        try:
+            while worker.conn.poll():
+                result: BatchResult = worker.conn.recv()
+                task = worker.outstanding.pop(result.task_id)
+                if result.layout is not None:
+                    result.arrays = shm.receive(task.shm_name, result.layout)
+                events.append(Done(result))
+        except (EOFError, OSError, pickle.UnpicklingError):
+            events.append(self._lose(wid, "died", f"worker process exited with code {worker.process.exitcode}"))
+        return events
+
+    def _on_lost(self, worker: ProcessWorker) -> None:
+        for task in worker.outstanding.values():
+            shm.discard(task.shm_name)
+
+
+def make_pool(mode: str, workers: int, ctx: WorkContext, timeout: float | None):
+    if workers == 0:
+        return InlinePool(ctx)
+    if mode == "thread":
+        return ThreadPool(ctx, workers, timeout)
+    return ProcessPool(ctx, workers, timeout)

@@ -1,0 +1,145 @@
+"""Runs one epoch's plan on a pool and hands back batches strictly in plan order.
+
+Bounded: at most ``prefetch`` batches are submitted, running or finished-but-not-yet-
+taken at any time, so memory stays bounded however slow the consumer is.
+
+Fault handling lives here, in one place: when a worker is lost, the sample it was
+on is charged one attempt (and fails for good past ``retries``), and every task the
+worker held is re-run on a fresh worker without the failed samples. Deaths that no
+sample can be blamed for are bounded too, so a pool whose workers keep dying raises
+instead of respawning forever.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from dataclasses import dataclass, field, replace
+
+from ..errors import WorkerDied
+from ..sampling.plan import BatchSpec
+from .pool import Done, Lost
+from .task import COLLATING, READING_BATCH, BatchTask, SampleFailure
+
+POLL_SECONDS = 0.5
+
+
+@dataclass
+class Outcome:
+    spec: BatchSpec
+    arrays: dict | None
+    failures: list[SampleFailure]
+    timings: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Batch:
+    spec: BatchSpec
+    task: BatchTask | None = None
+    lost_failures: list[SampleFailure] = field(default_factory=list)
+    blameless_deaths: int = 0
+
+
+class EpochRun:
+    def __init__(self, pool, plan: list[BatchSpec], *, epoch: int, start: int, prefetch: int, retries: int,
+                 stop_on_failure: bool, task_ids: itertools.count, max_blameless_deaths: int, stats):
+        self.pool, self.plan, self.epoch = pool, plan, epoch
+        self.prefetch, self.retries, self.stop_on_failure = prefetch, retries, stop_on_failure
+        self.task_ids = task_ids
+        self.max_blameless_deaths = max_blameless_deaths
+        self.next_to_plan = start
+        self.next_to_yield = start
+        self.batches: dict[int, _Batch] = {}
+        self.ready: dict[int, Outcome] = {}
+        self.to_submit: list[int] = []  # heap of batch indices: the oldest batch goes first
+        self.deaths_since_progress = 0
+        self.stats = stats  # LoaderStats: consumer wait time and queue fill are measured here
+
+    def __iter__(self):
+        while self.next_to_yield < len(self.plan):
+            self._fill_window()
+            t0 = time.perf_counter()
+            while self.next_to_yield not in self.ready:
+                self._submit_ready_tasks()
+                for event in self.pool.wait(POLL_SECONDS):
+                    self._handle(event)
+            self.stats.wait_seconds += time.perf_counter() - t0
+            self.stats.record_fill(len(self.ready))
+            outcome = self.ready.pop(self.next_to_yield)
+            del self.batches[self.next_to_yield]
+            self.next_to_yield += 1
+            yield outcome
+
+    def _fill_window(self) -> None:
+        while self.next_to_plan < len(self.plan) and self.next_to_plan - self.next_to_yield < self.prefetch:
+            index = self.next_to_plan
+            spec = self.plan[index]
+            self.batches[index] = _Batch(spec, BatchTask(-1, self.epoch, spec))
+            heapq.heappush(self.to_submit, index)
+            self.next_to_plan += 1
+
+    def _submit_ready_tasks(self) -> None:
+        while self.to_submit and self.pool.free_slots() > 0:
+            batch = self.batches[heapq.heappop(self.to_submit)]
+            batch.task = replace(batch.task, task_id=next(self.task_ids), shm_name=None)
+            self.pool.submit(batch.task)
+
+    def _handle(self, event) -> None:
+        if isinstance(event, Done):
+            self.deaths_since_progress = 0
+            result = event.result
+            batch = self.batches.get(result.batch_index)
+            if batch is None or batch.task.task_id != result.task_id:
+                return  # a stale result of a task that was already re-run
+            failures = sorted(result.failures + batch.lost_failures, key=lambda f: f.position)
+            self.ready[result.batch_index] = Outcome(batch.spec, result.arrays, failures, result.timings)
+        else:
+            self._handle_lost(event)
+
+    def _handle_lost(self, event: Lost) -> None:
+        self.deaths_since_progress += 1
+        if self.deaths_since_progress > self.max_blameless_deaths:
+            raise WorkerDied(
+                f"{self.deaths_since_progress} workers were lost in a row without finishing a batch; "
+                f"last: {event.detail}. Check the workers' stderr (e.g. the source or transform fails to "
+                "unpickle or import in a fresh process).",
+                sample_id=-1, epoch=self.epoch, batch_index=self.next_to_yield, attempts=0,
+                error_type="WorkerDied",
+            )
+        for task in event.tasks:
+            batch = self.batches.get(task.spec.index)
+            if batch is None or batch.task.task_id != task.task_id:
+                continue
+            if event.running is not None and event.running[0] == task.task_id:
+                self._charge(batch, event.running[1], event)
+            if self.stop_on_failure and batch.lost_failures:
+                self.ready[task.spec.index] = Outcome(batch.spec, None, list(batch.lost_failures))
+            else:
+                heapq.heappush(self.to_submit, task.spec.index)
+
+    def _charge(self, batch: _Batch, position: int, event: Lost) -> None:
+        """Blame the lost attempt on the sample the worker was on."""
+        task = batch.task
+        if position == READING_BATCH:
+            batch.task = replace(task, batched_read=False)  # next time one by one, so a death names its sample
+            return
+        if position == COLLATING:
+            batch.blameless_deaths += 1
+            if batch.blameless_deaths > self.retries:
+                raise WorkerDied(
+                    f"worker lost while collating batch {task.spec.index} of epoch {self.epoch}: {event.detail}",
+                    sample_id=-1, epoch=self.epoch, batch_index=task.spec.index,
+                    attempts=batch.blameless_deaths, error_type="WorkerDied",
+                )
+            return
+        attempts = task.prior_attempts.get(position, 0) + 1
+        if attempts <= self.retries:
+            batch.task = replace(task, prior_attempts={**task.prior_attempts, position: attempts})
+            return
+        failure = SampleFailure(
+            position=position, sample_id=int(task.spec.ids[position]), attempts=attempts,
+            error_type="SampleTimeout" if event.cause == "timeout" else "WorkerDied",
+            message=event.detail, traceback="", cause=event.cause,
+        )
+        batch.lost_failures.append(failure)
+        batch.task = replace(task, excluded=task.excluded | {position})

@@ -1,0 +1,166 @@
+"""Workers: the thread or process that carries out batch tasks one after another.
+
+Both kinds share one interface for the pool: ``send(task)``, ``status`` (a
+:class:`StatusSlot`), ``alive()``, ``stop()``, ``abandon()`` and the ``outstanding``
+tasks they hold. A thread stuck inside a hung sample cannot be killed in Python: it
+is abandoned (a daemon thread, told to exit as soon as the call returns), so it
+blocks neither the next epoch nor interpreter exit.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+import queue
+import signal
+import threading
+import traceback
+from collections import OrderedDict
+
+from ..errors import RemoteError
+from ..sources.base import close_source
+from . import shm
+from .batch import run_batch
+from .task import BatchTask, StatusSlot, WorkContext
+
+JOIN_SECONDS = 2.0
+
+
+class ThreadWorker:
+    kind = "thread"
+
+    def __init__(self, wid: int, ctx: WorkContext, outbox: queue.SimpleQueue):
+        self.wid = wid
+        self.outstanding: OrderedDict[int, BatchTask] = OrderedDict()
+        self.status = StatusSlot([-1, -1, 0.0])
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self.thread = threading.Thread(
+            target=self._main, args=(ctx, outbox), name=f"steadyfeed-thread-{wid}", daemon=True
+        )
+        self.thread.start()
+
+    def _main(self, ctx: WorkContext, outbox: queue.SimpleQueue) -> None:
+        while True:
+            task = self._inbox.get()
+            if task is None or self._stop.is_set():
+                return
+            try:
+                result = run_batch(task, ctx, self.status, should_stop=self._stop.is_set)
+            except BaseException:  # noqa: BLE001 - reported to the consumer as a dead worker
+                outbox.put(("died", self.wid, traceback.format_exc()))
+                return
+            if not self._stop.is_set():
+                outbox.put(("done", self.wid, result))
+
+    def send(self, task: BatchTask) -> None:
+        self.outstanding[task.task_id] = task
+        self._inbox.put(task)
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def abandon(self) -> None:
+        """Stop waiting for this thread; it exits when (if ever) its current call returns."""
+        self._stop.set()
+        self._inbox.put(None)
+
+    def stop(self) -> None:
+        self.abandon()
+        self.thread.join(JOIN_SECONDS)
+
+
+def _process_main(conn, cells, ctx: WorkContext) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle
+    status = StatusSlot(cells)
+    try:
+        while True:
+            try:
+                task = conn.recv()
+            except EOFError:  # the consumer is gone
+                return
+            if task is None:
+                return
+            writer = shm.SegmentWriter(task.shm_name)
+            try:
+                result = run_batch(task, ctx, status, allocate=writer)
+            finally:
+                writer.close()
+            result.layout, result.arrays = (writer.layout if result.arrays is not None else None), None
+            for failure in result.failures:
+                failure.exception = _picklable(failure.exception)
+            conn.send(result)
+    finally:
+        close_source(ctx.source)
+
+
+def _picklable(exc: BaseException | None) -> BaseException | None:
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RemoteError(f"{type(exc).__name__}: {exc}")
+
+
+class ProcessWorker:
+    kind = "process"
+
+    def __init__(self, wid: int, ctx: WorkContext, mpctx):
+        self.wid = wid
+        self.outstanding: OrderedDict[int, BatchTask] = OrderedDict()
+        cells = mpctx.RawArray("d", 3)
+        self.status = StatusSlot(cells)
+        self.conn, child = mpctx.Pipe(duplex=True)
+        self.process = mpctx.Process(
+            target=_process_main, args=(child, cells, ctx), name=f"steadyfeed-process-{wid}", daemon=True
+        )
+        try:
+            self.process.start()
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            self.conn.close()
+            raise TypeError(
+                "mode='process' pickles the source and the transform into each worker; "
+                f"this one cannot be pickled ({exc}). Define it at module level, or use mode='thread'."
+            ) from exc
+        finally:
+            child.close()
+
+    @property
+    def sentinel(self):
+        return self.process.sentinel
+
+    def send(self, task: BatchTask) -> None:
+        self.outstanding[task.task_id] = task
+        self.conn.send(task)
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def abandon(self) -> None:
+        self.kill()
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(JOIN_SECONDS)
+        self._release()
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self.process.join(0.5 if not self.outstanding else 0.0)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(JOIN_SECONDS)
+        self.kill()
+
+    def _release(self) -> None:
+        self.conn.close()
+        if self.process.exitcode is not None:
+            self.process.close()
+
+
+def process_context():
+    """Spawn: never fork a parent that may hold framework threads, locks or GPU contexts."""
+    return mp.get_context("spawn")

@@ -1,0 +1,59 @@
+"""The source protocol and the helpers the engine uses to talk to any source.
+
+A source is any object with ``__len__`` and ``__getitem__(i) -> dict[str, array-like]``;
+the sample id is ``i``. Optional extras the engine uses when present:
+
+* ``read_many(ids) -> list[dict]``: one call for a whole batch, when that is cheaper;
+* ``locate(i) -> str``: where sample ``i`` lives (a file path, a row), for error messages;
+* ``close()``: release file handles (called when a worker or the loader shuts down).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+
+
+@runtime_checkable
+class Source(Protocol):
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> Mapping[str, Any]: ...
+
+
+def check_source(source: Any) -> None:
+    if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
+        raise TypeError(
+            f"a source needs __len__ and __getitem__(i) -> dict, got {type(source).__name__}"
+        )
+
+
+def locate(source: Any, sample_id: int) -> str | None:
+    """Where a sample lives, if the source can say; never raises."""
+    fn = getattr(source, "locate", None)
+    if fn is None:
+        return None
+    try:
+        return str(fn(int(sample_id)))
+    except Exception:  # a broken locate must not hide the real error
+        return None
+
+
+def read_many(source: Any, ids: Sequence[int]) -> list[Mapping[str, Any]] | None:
+    """The batch via ``source.read_many`` when offered and successful, else None.
+
+    None means "read one by one": a failing batched read is retried per sample so
+    that the failure is pinned on the right id and the other samples survive.
+    """
+    fn = getattr(source, "read_many", None)
+    if fn is None or len(ids) == 0:
+        return None
+    try:
+        samples = fn(ids)
+    except Exception:
+        return None
+    return samples if len(samples) == len(ids) else None
+
+
+def close_source(source: Any) -> None:
+    fn = getattr(source, "close", None)
+    if fn is not None:
+        fn()
