@@ -49,6 +49,9 @@ class InlinePool:
     def submit(self, task: BatchTask) -> None:
         self._queue.append(task)
 
+    def drain(self) -> list:
+        return []  # inline work runs only when the consumer waits for it
+
     def wait(self, timeout: float) -> list:
         if not self._queue:
             return []
@@ -82,6 +85,10 @@ class _WorkerPool:
         events = self._collect(poll)
         events.extend(self._expire_timeouts())
         return events
+
+    def drain(self) -> list:
+        """Events that already happened, without blocking."""
+        return self._collect(0) + self._expire_timeouts()
 
     def _lose(self, wid: int, cause: str, detail: str) -> Lost:
         worker = self.workers.pop(wid)
@@ -149,7 +156,7 @@ class ProcessPool(_WorkerPool):
         super().__init__(ctx, size, timeout)
 
     def _new_worker(self, wid: int) -> ProcessWorker:
-        return ProcessWorker(wid, self.ctx, self._mp)
+        return ProcessWorker(wid, self.ctx, self._mp, self._token)
 
     def submit(self, task: BatchTask) -> None:
         task.shm_name = shm.segment_name(self._token, task.task_id)

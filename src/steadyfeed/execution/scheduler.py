@@ -58,11 +58,14 @@ class EpochRun:
     def __iter__(self):
         while self.next_to_yield < len(self.plan):
             self._fill_window()
+            for event in self.pool.drain():  # keep workers busy even when the next batch is ready
+                self._handle(event)
+            self._submit_ready_tasks()
             t0 = time.perf_counter()
             while self.next_to_yield not in self.ready:
-                self._submit_ready_tasks()
                 for event in self.pool.wait(POLL_SECONDS):
                     self._handle(event)
+                self._submit_ready_tasks()
             self.stats.wait_seconds += time.perf_counter() - t0
             self.stats.record_fill(len(self.ready))
             outcome = self.ready.pop(self.next_to_yield)

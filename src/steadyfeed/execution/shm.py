@@ -77,5 +77,23 @@ def discard(name: str) -> None:
     segment.unlink()
 
 
+def create_status(name: str) -> shared_memory.SharedMemory:
+    return shared_memory.SharedMemory(name=f"{PREFIX}{name}", create=True, size=_ALIGN)
+
+
+def attach_status(name: str) -> shared_memory.SharedMemory:
+    return shared_memory.SharedMemory(name=name)
+
+
+def status_cells(segment: shared_memory.SharedMemory) -> np.ndarray:
+    """Three float64 cells (aligned 8-byte stores are atomic) for a worker's StatusSlot."""
+    return np.ndarray((3,), np.float64, buffer=segment.buf)
+
+
+def release(segment: shared_memory.SharedMemory) -> None:
+    segment.close()
+    segment.unlink()
+
+
 def owner_token() -> str:
     return f"{os.getpid():x}{os.urandom(2).hex()}"

@@ -69,9 +69,10 @@ class ThreadWorker:
         self.thread.join(JOIN_SECONDS)
 
 
-def _process_main(conn, cells, ctx: WorkContext) -> None:
+def _process_main(conn, status_name: str, ctx: WorkContext) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle
-    status = StatusSlot(cells)
+    status_segment = shm.attach_status(status_name)
+    status = StatusSlot(shm.status_cells(status_segment))
     try:
         while True:
             try:
@@ -90,6 +91,8 @@ def _process_main(conn, cells, ctx: WorkContext) -> None:
                 failure.exception = _picklable(failure.exception)
             conn.send(result)
     finally:
+        del status
+        status_segment.close()
         close_source(ctx.source)
 
 
@@ -104,19 +107,23 @@ def _picklable(exc: BaseException | None) -> BaseException | None:
 class ProcessWorker:
     kind = "process"
 
-    def __init__(self, wid: int, ctx: WorkContext, mpctx):
+    def __init__(self, wid: int, ctx: WorkContext, mpctx, token: str):
         self.wid = wid
         self.outstanding: OrderedDict[int, BatchTask] = OrderedDict()
-        cells = mpctx.RawArray("d", 3)
-        self.status = StatusSlot(cells)
+        # status cells live in a tiny segment of ours (not multiprocessing's heap, whose
+        # arena file stays open for the life of the interpreter)
+        self._status_segment = shm.create_status(f"{token}s{wid}")
+        self.status = StatusSlot(shm.status_cells(self._status_segment))
         self.conn, child = mpctx.Pipe(duplex=True)
         self.process = mpctx.Process(
-            target=_process_main, args=(child, cells, ctx), name=f"steadyfeed-process-{wid}", daemon=True
+            target=_process_main, args=(child, self._status_segment.name, ctx),
+            name=f"steadyfeed-process-{wid}", daemon=True,
         )
         try:
             self.process.start()
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             self.conn.close()
+            self._release_status()
             raise TypeError(
                 "mode='process' pickles the source and the transform into each worker; "
                 f"this one cannot be pickled ({exc}). Define it at module level, or use mode='thread'."
@@ -130,7 +137,10 @@ class ProcessWorker:
 
     def send(self, task: BatchTask) -> None:
         self.outstanding[task.task_id] = task
-        self.conn.send(task)
+        try:
+            self.conn.send(task)
+        except OSError:
+            pass  # the worker just died: its sentinel reports it, and the task is re-run elsewhere
 
     def alive(self) -> bool:
         return self.process.is_alive()
@@ -159,6 +169,13 @@ class ProcessWorker:
         self.conn.close()
         if self.process.exitcode is not None:
             self.process.close()
+        self._release_status()
+
+    def _release_status(self) -> None:
+        if self._status_segment is not None:
+            self.status = StatusSlot([-1, -1, 0.0])  # drop the view before closing the segment
+            shm.release(self._status_segment)
+            self._status_segment = None
 
 
 def process_context():

@@ -1,0 +1,127 @@
+"""Module-level sources and transforms for the tests (process mode pickles them by reference)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+
+import numpy as np
+
+from steadyfeed import ArraySource
+
+HANG_SECONDS = 30.0
+
+
+def label_of(x: np.ndarray) -> np.ndarray:
+    """The label is a function of the input, so a batch proves its pairs are intact."""
+    axes = tuple(range(1, x.ndim))
+    return (x.sum(axis=axes) * 3 + 1).astype(np.float64)
+
+
+def paired_source(n: int, width: int = 4) -> ArraySource:
+    x = np.arange(n * width, dtype=np.float64).reshape(n, width)
+    return ArraySource(x=x, y=label_of(x))
+
+
+def assert_paired(batch: dict) -> None:
+    np.testing.assert_array_equal(batch["y"], label_of(batch["x"]))
+    np.testing.assert_array_equal(batch["x"][:, 0] / batch["x"].shape[1], batch["id"])  # x row i starts at i*width
+
+
+def noisy(sample: dict, rng: np.random.Generator) -> dict:
+    """A random augmentation; keeps y as is."""
+    return {**sample, "x": sample["x"] + rng.normal(size=sample["x"].shape)}
+
+
+def epoch_digest(batches) -> str:
+    h = hashlib.sha256()
+    for batch in batches:
+        for key in sorted(batch):
+            h.update(key.encode())
+            h.update(np.ascontiguousarray(batch[key]).tobytes())
+    return h.hexdigest()
+
+
+class FaultySource:
+    """A paired source whose chosen ids misbehave.
+
+    fail: ids that raise; kill: ids that SIGKILL their own process (once per marker dir);
+    hang: ids that sleep until ``release_dir/release`` exists (or HANG_SECONDS);
+    flaky: ids that fail on their first attempt (tracked by marker files).
+    """
+
+    def __init__(self, n, *, fail=(), kill=(), hang=(), flaky=(), marker_dir=None, slow=0.0):
+        self.inner = paired_source(n)
+        self.fail, self.kill, self.hang, self.flaky = set(fail), set(kill), set(hang), set(flaky)
+        self.marker_dir = marker_dir
+        self.slow = slow
+
+    def __len__(self):
+        return len(self.inner)
+
+    def locate(self, i):
+        return f"/data/sample_{i:05d}.npy"
+
+    def _first_time(self, tag: str, i: int) -> bool:
+        path = os.path.join(self.marker_dir, f"{tag}-{i}")
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        os.close(fd)
+        return True
+
+    def __getitem__(self, i):
+        if self.slow:
+            time.sleep(self.slow)
+        if i in self.fail:
+            raise ValueError(f"corrupt sample {i}")
+        if i in self.flaky and self._first_time("flaky", i):
+            raise OSError(f"transient read error on {i}")
+        if i in self.kill and self._first_time("kill", i):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if i in self.hang:
+            deadline = time.monotonic() + HANG_SECONDS
+            while time.monotonic() < deadline and not os.path.exists(os.path.join(self.marker_dir, "release")):
+                time.sleep(0.02)
+        return self.inner[i]
+
+
+def failing_transform(sample, rng):
+    if int(sample["x"][0]) // 4 in (3, 11):
+        raise RuntimeError("augmentation blew up")
+    return sample
+
+
+class Unpicklable:
+    """Pickles fine but cannot be unpickled in a worker: the worker dies at start."""
+
+    def __init__(self, n):
+        self.inner = paired_source(n)
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        return self.inner[i]
+
+    def __reduce__(self):
+        return (_refuse, ())
+
+
+def _refuse():
+    raise RuntimeError("this source refuses to load in a worker")
+
+
+class BigSource:
+    """Samples of ``sample_bytes`` each, made on the fly (the source itself holds nothing)."""
+
+    def __init__(self, n: int, sample_bytes: int):
+        self.n, self.width = n, sample_bytes // 8
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {"x": np.full(self.width, float(i))}

@@ -1,0 +1,254 @@
+"""Fault matrix: failures surface with their sample, or are quarantined; nothing hangs or leaks.
+
+Every test here runs under a timeout and the ``no_leaks`` fixture: afterwards no worker
+process, worker thread, shared-memory segment of ours or extra file descriptor remains.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from steadyfeed import Loader, SampleError, SampleTimeout, TooManyErrors, WorkerDied
+
+from helpers import FaultySource, Unpicklable, assert_paired, failing_transform, paired_source
+
+pytestmark = pytest.mark.timeout(60)
+
+MODES = [(2, "thread"), (2, "process")]
+N = 40
+
+
+def delivered_ids(loader):
+    batches = list(loader)
+    for b in batches:
+        assert_paired(b)
+    return np.concatenate([b["id"] for b in batches]) if batches else np.zeros(0, np.int64)
+
+
+def assert_exactly_once_except(ids, skipped, n=N):
+    assert sorted(ids.tolist()) == sorted(set(range(n)) - set(skipped))
+
+
+# -- raising source / transform -------------------------------------------------------------
+@pytest.mark.parametrize("workers,mode", MODES + [(0, "thread")])
+def test_raising_source_raises_sample_error_with_fields(workers, mode, marker_dir, no_leaks):
+    src = FaultySource(N, fail={13}, marker_dir=marker_dir)
+    with Loader(src, 4, workers=workers, mode=mode, with_ids=True) as loader:
+        with pytest.raises(SampleError) as info:
+            list(loader)
+    err = info.value
+    assert (err.sample_id, err.epoch, err.batch_index, err.attempts) == (13, 0, 3, 1)
+    assert err.location == "/data/sample_00013.npy" and "/data/sample_00013.npy" in str(err)
+    assert isinstance(err.__cause__, ValueError) and "corrupt sample 13" in str(err.__cause__)
+    assert "corrupt sample 13" in err.worker_traceback and "Traceback" in err.worker_traceback
+
+
+@pytest.mark.parametrize("workers,mode", MODES)
+def test_raising_source_is_quarantined_under_skip(workers, mode, marker_dir, tmp_path, no_leaks):
+    qpath = tmp_path / "q.jsonl"
+    src = FaultySource(N, fail={0, 13, 39}, marker_dir=marker_dir)
+    with Loader(src, 4, workers=workers, mode=mode, with_ids=True, on_error="skip", quarantine=qpath) as loader:
+        ids = delivered_ids(loader)
+        report = loader.quarantine_report()
+    assert_exactly_once_except(ids, {0, 13, 39})
+    assert [r["sample_id"] for r in report] == [0, 13, 39]
+    assert report[1] == {"sample_id": 13, "epoch": 0, "batch_index": 3, "attempts": 1, "error_type": "ValueError",
+                         "message": "corrupt sample 13", "location": "/data/sample_00013.npy"}
+    assert [json.loads(line) for line in qpath.read_text().splitlines()] == report
+
+
+@pytest.mark.parametrize("workers,mode", MODES)
+def test_raising_transform_raise_and_skip(workers, mode, no_leaks):
+    with Loader(paired_source(N), 4, workers=workers, mode=mode, transform=failing_transform) as loader:
+        with pytest.raises(SampleError, match="sample 3 .*RuntimeError: augmentation blew up"):
+            list(loader)
+    with Loader(paired_source(N), 4, workers=workers, mode=mode, transform=failing_transform, with_ids=True,
+                on_error="skip") as loader:
+        assert_exactly_once_except(delivered_ids(loader), {3, 11})
+        assert [r["error_type"] for r in loader.quarantine_report()] == ["RuntimeError", "RuntimeError"]
+
+
+def test_skipped_sample_shortens_its_batch_or_is_masked_under_pad(marker_dir):
+    src = FaultySource(12, fail={5}, marker_dir=marker_dir)
+    with Loader(src, 4, on_error="skip", with_ids=True) as loader:
+        assert [len(b["id"]) for b in loader] == [4, 3, 4]
+    with Loader(src, 4, on_error="skip", with_ids=True, last_batch="pad") as loader:
+        batches = list(loader)
+    assert [len(b["id"]) for b in batches] == [4, 4, 4]
+    assert batches[1]["id"].tolist() == [4, 6, 7, -1]  # the failed row becomes a masked pad row
+    assert batches[1]["mask"].tolist() == [1, 1, 1, 0]
+
+
+@pytest.mark.parametrize("workers,mode", MODES)
+def test_retries_recover_a_flaky_sample(workers, mode, marker_dir, no_leaks):
+    src = FaultySource(N, flaky={7, 21}, marker_dir=marker_dir)
+    with Loader(src, 4, workers=workers, mode=mode, with_ids=True, retries=1) as loader:
+        assert_exactly_once_except(delivered_ids(loader), set())
+
+
+def test_retries_are_a_hard_bound():
+    calls = []
+
+    def always_fails(sample, rng):
+        calls.append(1)
+        raise OSError("nope")
+
+    with Loader(paired_source(1), 1, transform=always_fails, retries=3) as loader:
+        with pytest.raises(SampleError) as info:
+            list(loader)
+    assert info.value.attempts == 4 and len(calls) == 4
+
+
+def test_too_many_errors_abort_the_run(marker_dir):
+    src = FaultySource(100, fail=set(range(0, 100, 3)), marker_dir=marker_dir)
+    with Loader(src, 10, on_error="skip", max_error_fraction=0.2) as loader:
+        with pytest.raises(TooManyErrors, match="max_error_fraction=0.2"):
+            list(loader)
+
+
+# -- dying workers --------------------------------------------------------------------------
+def test_worker_killed_on_a_sample_is_rerun_on_a_fresh_worker(marker_dir, no_leaks):
+    src = FaultySource(N, kill={9, 30}, marker_dir=marker_dir)
+    t0 = time.monotonic()
+    with Loader(src, 4, workers=2, mode="process", with_ids=True, retries=1) as loader:
+        assert_exactly_once_except(delivered_ids(loader), set())
+    assert time.monotonic() - t0 < 20
+
+
+def test_worker_death_without_retries_names_the_sample(marker_dir, no_leaks):
+    src = FaultySource(N, kill={9}, marker_dir=marker_dir)
+    with Loader(src, 4, workers=2, mode="process", with_ids=True) as loader:
+        with pytest.raises(WorkerDied) as info:
+            list(loader)
+    assert (info.value.sample_id, info.value.batch_index) == (9, 2)
+    assert "exited with code -9" in str(info.value)
+
+
+def test_worker_death_under_skip_quarantines_the_sample(marker_dir, no_leaks):
+    src = FaultySource(N, kill={9}, marker_dir=marker_dir)
+    with Loader(src, 4, workers=2, mode="process", with_ids=True, on_error="skip") as loader:
+        assert_exactly_once_except(delivered_ids(loader), {9})
+        assert loader.quarantine_report()[0]["error_type"] == "WorkerDied"
+
+
+def test_worker_sigkilled_from_outside_mid_epoch(marker_dir, no_leaks):
+    src = FaultySource(N, marker_dir=marker_dir, slow=0.02)
+    with Loader(src, 4, workers=2, mode="process", with_ids=True, retries=2) as loader:
+        ids = []
+        for i, batch in enumerate(loader):
+            ids.append(batch["id"])
+            if i == 1:
+                victim = psutil.Process().children()[-1]
+                os.kill(victim.pid, signal.SIGKILL)
+        assert_exactly_once_except(np.concatenate(ids), set())
+
+
+def test_workers_that_die_at_start_raise_instead_of_respawning_forever(no_leaks):
+    with Loader(Unpicklable(N), 4, workers=2, mode="process") as loader:
+        with pytest.raises(WorkerDied, match="lost in a row"):
+            list(loader)
+
+
+# -- hung samples ---------------------------------------------------------------------------
+@pytest.mark.parametrize("workers,mode", MODES)
+def test_hung_sample_times_out_with_its_id(workers, mode, marker_dir, no_leaks):
+    src = FaultySource(N, hang={17}, marker_dir=marker_dir)
+    t0 = time.monotonic()
+    try:
+        with Loader(src, 4, workers=workers, mode=mode, timeout=0.5) as loader:
+            with pytest.raises(SampleTimeout) as info:
+                list(loader)
+        assert info.value.sample_id == 17 and "timeout=0.5" in str(info.value)
+        assert time.monotonic() - t0 < 10
+    finally:
+        open(os.path.join(marker_dir, "release"), "w").close()  # let an abandoned thread finish
+
+
+@pytest.mark.parametrize("workers,mode", MODES)
+def test_hung_sample_is_quarantined_and_the_next_epoch_runs(workers, mode, marker_dir, no_leaks):
+    src = FaultySource(N, hang={17}, marker_dir=marker_dir)
+    try:
+        with Loader(src, 4, workers=workers, mode=mode, timeout=0.5, on_error="skip", with_ids=True) as loader:
+            assert_exactly_once_except(delivered_ids(loader), {17})
+            assert loader.quarantine_report()[0]["error_type"] == "SampleTimeout"
+            assert_exactly_once_except(delivered_ids(loader), {17})  # an abandoned thread blocks nothing
+    finally:
+        open(os.path.join(marker_dir, "release"), "w").close()
+
+
+def test_a_thread_stuck_in_a_hung_sample_does_not_block_interpreter_exit(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from helpers import FaultySource
+        from steadyfeed import Loader, SampleTimeout
+        loader = Loader(FaultySource(20, hang={{3}}, marker_dir={str(tmp_path)!r}), 4, workers=2, timeout=0.3)
+        try:
+            list(loader)
+        except SampleTimeout as e:
+            print("timed out on", e.sample_id)
+    """)
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
+    assert out.returncode == 0, out.stderr
+    assert "timed out on 3" in out.stdout
+    assert time.monotonic() - t0 < 15
+
+
+# -- the consumer stops early -----------------------------------------------------------------
+@pytest.mark.parametrize("workers,mode", MODES)
+def test_early_break_stops_workers(workers, mode, no_leaks):
+    loader = Loader(paired_source(1000), 4, workers=workers, mode=mode)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    # the finished generator shut the pool down even before close()
+    assert loader._pool is None
+    loader.close()
+
+
+@pytest.mark.parametrize("workers,mode", MODES)
+def test_exception_in_the_training_loop_cleans_up(workers, mode, no_leaks):
+    with pytest.raises(KeyboardInterrupt):
+        with Loader(paired_source(1000), 4, workers=workers, mode=mode) as loader:
+            for i, _ in enumerate(loader):
+                if i == 3:
+                    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("workers,mode", MODES)
+def test_real_sigint_while_waiting_for_a_batch(workers, mode, marker_dir, no_leaks):
+    src = FaultySource(200, marker_dir=marker_dir, slow=0.05)
+    timer = threading.Timer(0.8, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        with Loader(src, 8, workers=workers, mode=mode) as loader:
+            for _ in loader:
+                pass
+    timer.join()
+    assert time.monotonic() - t0 < 10
+
+
+def test_close_is_idempotent_and_closed_loader_refuses(no_leaks):
+    loader = Loader(paired_source(10), 2, workers=2, mode="process")
+    next(iter(loader))
+    loader.close()
+    loader.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        list(loader)
+
+
+def test_garbage_collected_loader_stops_its_workers(no_leaks):
+    loader = Loader(paired_source(100), 4, workers=2, mode="process")
+    list(loader)  # a full epoch keeps the workers for the next one
+    assert len(psutil.Process().children()) >= 2
+    del loader
