@@ -1,11 +1,45 @@
-"""ArraySource: in-memory (or memory-mapped) arrays of equal length."""
+"""ArraySource: in-memory or memory-mapped arrays of equal length."""
 from __future__ import annotations
+
+import mmap
+from dataclasses import dataclass
 
 import numpy as np
 
 
+@dataclass(frozen=True)
+class _MappedFile:
+    """How to reopen a read-only np.memmap in another process instead of copying its data."""
+
+    filename: str
+    offset: int
+    dtype: str
+    shape: tuple
+    order: str
+
+    def open(self) -> np.memmap:
+        return np.memmap(self.filename, dtype=np.dtype(self.dtype), mode="r", offset=self.offset,
+                         shape=self.shape, order=self.order)
+
+
+def _mapped_file(a: np.ndarray) -> _MappedFile | None:
+    """A read-only memmap that is a whole mapping (np.load(..., mmap_mode="r")) travels as its path.
+
+    Views of a memmap (slices) keep the parent's offset, so they are not reopened by
+    path; they are pickled as data like any other array.
+    """
+    if not isinstance(a, np.memmap) or a.filename is None or a.mode != "r" or not isinstance(a.base, mmap.mmap):
+        return None
+    order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
+    return _MappedFile(a.filename, int(a.offset), a.dtype.str, tuple(a.shape), order)
+
+
 class ArraySource:
     """Serves ``{name: array[i]}`` for arrays that share their first dimension.
+
+    Read-only memory maps (``np.load(path, mmap_mode="r")``) are never loaded whole and
+    travel to worker processes as their file path, so a dataset larger than memory
+    works in ``mode="process"`` too.
 
     >>> src = ArraySource(x=np.zeros((10, 3)), y=np.arange(10))
     >>> sorted(src[4])
@@ -15,7 +49,7 @@ class ArraySource:
     def __init__(self, **arrays):
         if not arrays:
             raise ValueError("ArraySource needs at least one named array, e.g. ArraySource(x=..., y=...)")
-        self.arrays = {name: np.asarray(a) if not isinstance(a, np.ndarray) else a for name, a in arrays.items()}
+        self.arrays = {name: a if isinstance(a, np.ndarray) else np.asarray(a) for name, a in arrays.items()}
         lengths = {name: (a.shape[0] if a.ndim else None) for name, a in self.arrays.items()}
         if None in lengths.values() or len(set(lengths.values())) != 1:
             raise ValueError(f"ArraySource arrays must have the same first dimension, got {lengths}")
@@ -36,6 +70,14 @@ class ArraySource:
 
     def locate(self, i: int) -> str:
         return f"ArraySource row {i}"
+
+    def __getstate__(self) -> dict:
+        arrays = {name: _mapped_file(a) or a for name, a in self.arrays.items()}
+        return {"arrays": arrays, "_len": self._len}
+
+    def __setstate__(self, state: dict) -> None:
+        self._len = state["_len"]
+        self.arrays = {name: a.open() if isinstance(a, _MappedFile) else a for name, a in state["arrays"].items()}
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{k}={a.dtype}{list(a.shape)}" for k, a in self.arrays.items())

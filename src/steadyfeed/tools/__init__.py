@@ -1,0 +1,1 @@
+"""Tools built on the loader: the demo (and, later, the command line)."""
