@@ -1,6 +1,6 @@
 """steadyfeed: feed larger-than-memory data to Keras 3 through concurrent workers,
 exactly once, reproducibly, and never silently or stuck."""
-from .errors import SampleError, SampleTimeout, SteadyfeedError, TooManyErrors, WorkerDied
+from .errors import DataError, SampleError, SampleTimeout, SteadyfeedError, TooManyErrors, WorkerDied
 from .loader import Loader
 from .sampling import SequentialSampler, ShuffleSampler, WeightedSampler, sample_rng
 from .sources import ArraySource
@@ -9,6 +9,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArraySource",
+    "DataError",
     "Loader",
     "SampleError",
     "SampleTimeout",

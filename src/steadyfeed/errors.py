@@ -12,6 +12,11 @@ class SteadyfeedError(Exception):
     """Base class of every error steadyfeed raises on purpose."""
 
 
+class DataError(SteadyfeedError, ValueError):
+    """Input data is not what was expected: a missing or malformed file, unpaired names,
+    a corrupt record. The message names the file (and row or record) and what was expected."""
+
+
 class SampleError(SteadyfeedError):
     """A sample could not be read or transformed (after all its attempts)."""
 

@@ -110,6 +110,7 @@ class Loader:
         self._quarantine = Quarantine(quarantine)
         self._stats = LoaderStats()
         self._cursor = (0, 0)  # (epoch, next batch index)
+        self._cached_plan: tuple = (None, None)
         self._pool = None
         self._task_ids = itertools.count()
         self._active = threading.Lock()  # one epoch at a time
@@ -118,11 +119,14 @@ class Loader:
 
     # -- plan ---------------------------------------------------------------------------
     def _plan(self, epoch: int):
-        cfg = self.config
-        order = self.sampler.epoch_order(len(self.source), cfg.seed, epoch)
-        return build_plan(order, batch_size=cfg.batch_size, shard_index=cfg.shard_index,
-                          shard_count=cfg.shard_count, last_batch=cfg.last_batch,
-                          with_draws=bool(getattr(self.sampler, "may_repeat", False)))
+        if self._cached_plan[0] != epoch:  # len(loader) is asked often; an order is O(N) to draw
+            cfg = self.config
+            order = self.sampler.epoch_order(len(self.source), cfg.seed, epoch)
+            plan = build_plan(order, batch_size=cfg.batch_size, shard_index=cfg.shard_index,
+                              shard_count=cfg.shard_count, last_batch=cfg.last_batch,
+                              with_draws=bool(getattr(self.sampler, "may_repeat", False)))
+            self._cached_plan = (epoch, plan)
+        return self._cached_plan[1]
 
     def __len__(self) -> int:
         """Batches per epoch for this shard (an upper bound when samples are skipped)."""

@@ -66,8 +66,12 @@ class _WorkerPool:
         self.ctx, self.size, self.timeout = ctx, size, timeout
         self.workers: dict = {}
         self._next_wid = 0
-        for _ in range(size):
-            self._spawn()
+        try:
+            for _ in range(size):
+                self._spawn()
+        except BaseException:
+            self.shutdown()  # a worker that failed to start must not strand the ones that did
+            raise
 
     def _spawn(self):
         wid, self._next_wid = self._next_wid, self._next_wid + 1

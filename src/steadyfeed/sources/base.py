@@ -9,7 +9,9 @@ the sample id is ``i``. Optional extras the engine uses when present:
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+import os
+import threading
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 
 @runtime_checkable
@@ -57,3 +59,43 @@ def close_source(source: Any) -> None:
     fn = getattr(source, "close", None)
     if fn is not None:
         fn()
+
+
+class LazyHandles:
+    """File handles opened on first use, once per process, shared by that process's threads.
+
+    A source keeps one of these instead of open files, so it pickles without handles
+    (a handle inherited across processes shares its file offset and locks) and every
+    worker process reopens what it needs. ``opener(key)`` opens one handle; handles
+    must be safe to share between threads (e.g. read with ``os.pread``, or h5py,
+    which serializes its calls).
+    """
+
+    def __init__(self, opener: Callable[[Any], Any], closer: Callable[[Any], None] = lambda h: h.close()):
+        self._opener, self._closer = opener, closer
+        self._handles: dict = {}
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any = None) -> Any:
+        if self._pid != os.getpid():  # a forked copy: never use the parent's handles
+            self._handles, self._pid, self._lock = {}, os.getpid(), threading.Lock()
+        handle = self._handles.get(key)
+        if handle is None:
+            with self._lock:
+                handle = self._handles.get(key)
+                if handle is None:
+                    handle = self._handles[key] = self._opener(key)
+        return handle
+
+    def close(self) -> None:
+        with self._lock:
+            handles, self._handles = self._handles, {}
+        for handle in handles.values():
+            self._closer(handle)
+
+    def __getstate__(self) -> dict:
+        return {"_opener": self._opener, "_closer": self._closer}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["_opener"], state["_closer"])
