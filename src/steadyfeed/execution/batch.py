@@ -11,7 +11,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..sampling.seeds import sample_rng
+from ..sampling.seeds import SampleStreams
 from ..sources.base import read_many
 from .task import COLLATING, READING_BATCH, BatchResult, BatchTask, SampleFailure, StatusSlot, WorkContext
 
@@ -40,7 +40,7 @@ def _as_sample(raw) -> dict[str, np.ndarray]:
         raise TypeError(f"a sample must be a dict of arrays, got {type(raw).__name__}")
     sample = {}
     for key, value in raw.items():
-        arr = np.asarray(value)
+        arr = value if type(value) is np.ndarray else np.asarray(value)
         if arr.dtype == object:
             raise TypeError(f"key {key!r} has dtype object; samples must hold numeric or string arrays")
         sample[str(key)] = arr
@@ -52,6 +52,7 @@ class _Reader:
 
     def __init__(self, task: BatchTask, ctx: WorkContext):
         self.task, self.ctx = task, ctx
+        self.streams = SampleStreams(ctx.seed) if ctx.transform is not None else None
         spec = task.spec
         self.prefetched: dict[int, Mapping] = {}
         self.read_seconds = 0.0
@@ -80,7 +81,7 @@ class _Reader:
                 self.read_seconds += t1 - t0
                 sample = dict(raw)
                 if ctx.transform is not None:
-                    sample = ctx.transform(sample, sample_rng(ctx.seed, self.task.epoch, sample_id, draw))
+                    sample = ctx.transform(sample, self.streams.rng(self.task.epoch, sample_id, draw))
                 sample = _as_sample(sample)
                 self.transform_seconds += time.perf_counter() - t1
                 return sample

@@ -82,7 +82,11 @@ class _WorkerPool:
 
     def submit(self, task: BatchTask) -> None:
         worker = min(self.workers.values(), key=lambda w: len(w.outstanding))
+        self._prepare(task, worker)
         worker.send(task)
+
+    def _prepare(self, task: BatchTask, worker) -> None:
+        pass
 
     def wait(self, timeout: float) -> list:
         poll = timeout if self.timeout is None else min(timeout, max(self.timeout / 4, 0.01))
@@ -98,12 +102,12 @@ class _WorkerPool:
         worker = self.workers.pop(wid)
         running = worker.status.read()
         worker.abandon()
-        self._on_lost(worker)
+        self._after_stop(worker)
         self._spawn()
         tasks = list(worker.outstanding.values())
         return Lost(tasks, running[:2] if running else None, cause, detail)
 
-    def _on_lost(self, worker) -> None:
+    def _after_stop(self, worker) -> None:
         pass
 
     def _expire_timeouts(self) -> list:
@@ -122,7 +126,7 @@ class _WorkerPool:
             worker.abandon() if worker.kind == "thread" else None
         for worker in workers:
             worker.stop()
-            self._on_lost(worker)
+            self._after_stop(worker)
 
 
 class ThreadPool(_WorkerPool):
@@ -157,14 +161,14 @@ class ProcessPool(_WorkerPool):
     def __init__(self, ctx: WorkContext, size: int, timeout: float | None):
         self._mp = process_context()
         self._token = shm.owner_token()
+        self._slots = shm.ConsumerSlots()
         super().__init__(ctx, size, timeout)
 
     def _new_worker(self, wid: int) -> ProcessWorker:
-        return ProcessWorker(wid, self.ctx, self._mp, self._token)
+        return ProcessWorker(wid, self.ctx, self._mp, self._token, slots=TASKS_PER_WORKER)
 
-    def submit(self, task: BatchTask) -> None:
-        task.shm_name = shm.segment_name(self._token, task.task_id)
-        super().submit(task)
+    def _prepare(self, task: BatchTask, worker: ProcessWorker) -> None:
+        task.shm_name = worker.free_slot_name()
 
     def _collect(self, timeout: float) -> list:
         by_handle = {}
@@ -190,15 +194,14 @@ class ProcessPool(_WorkerPool):
                 result: BatchResult = worker.conn.recv()
                 task = worker.outstanding.pop(result.task_id)
                 if result.layout is not None:
-                    result.arrays = shm.receive(task.shm_name, result.layout)
+                    result.arrays = self._slots.receive(task.shm_name, result.layout)
                 events.append(Done(result))
         except (EOFError, OSError, pickle.UnpicklingError):
             events.append(self._lose(wid, "died", f"worker process exited with code {worker.process.exitcode}"))
         return events
 
-    def _on_lost(self, worker: ProcessWorker) -> None:
-        for task in worker.outstanding.values():
-            shm.discard(task.shm_name)
+    def _after_stop(self, worker: ProcessWorker) -> None:
+        self._slots.discard(worker.slot_names)
 
 
 def make_pool(mode: str, workers: int, ctx: WorkContext, timeout: float | None):

@@ -1,10 +1,15 @@
 """Shared-memory transport of batches from worker processes.
 
-The consumer names every segment before the task leaves (``segment_name``), so it
-can always unlink a segment whose worker died or was cancelled: no segment outlives
-the loader. The worker creates the segment, collates the batch straight into it and
-closes its handle; the consumer copies the arrays out into fresh memory (a batch is
-never a buffer that is reused later) and unlinks the segment at once.
+Each worker process owns a few *slots*: segments named by the consumer
+(``slot_name``) and reused from batch to batch, so a batch costs no segment creation,
+no page faults on fresh memory and no unlink. The consumer tells the worker which slot
+to write for each task, never one that holds a batch not yet copied out; it copies
+the arrays out into fresh memory (a batch is never a buffer that is reused later) as
+soon as the result arrives. A slot grows (unlink, then create bigger under the same
+name) when a batch does not fit; the consumer notices by size and re-attaches.
+
+Because the consumer knows every slot name, it unlinks them all when a worker stops
+or dies: no segment outlives the loader.
 """
 from __future__ import annotations
 
@@ -17,12 +22,17 @@ PREFIX = "sf"
 _ALIGN = 64
 
 
-def segment_name(owner_token: str, task_id: int) -> str:
+def slot_name(owner_token: str, worker_id: int, slot: int) -> str:
     # short: macOS limits POSIX shared-memory names to 31 characters
-    return f"{PREFIX}{owner_token}_{task_id}"
+    return f"{PREFIX}{owner_token}w{worker_id}s{slot}"
 
 
-def _offsets(specs: dict) -> tuple[list, int]:
+def owner_token() -> str:
+    return f"{os.getpid():x}{os.urandom(2).hex()}"
+
+
+def layout_of(specs: dict) -> tuple[list, int]:
+    """Where each array lies in a segment: [(key, dtype, shape, offset)], and the total size."""
     layout, offset = [], 0
     for key, (shape, dtype) in specs.items():
         dtype = np.dtype(dtype)
@@ -32,49 +42,79 @@ def _offsets(specs: dict) -> tuple[list, int]:
     return layout, offset
 
 
-class SegmentWriter:
-    """Worker side: an allocator that places the batch arrays in one new segment."""
+def _views(segment: shared_memory.SharedMemory, layout: list) -> dict[str, np.ndarray]:
+    return {key: np.ndarray(shape, np.dtype(dtype), buffer=segment.buf, offset=offset)
+            for key, dtype, shape, offset in layout}
 
-    def __init__(self, name: str):
-        self.name = name
-        self.segment: shared_memory.SharedMemory | None = None
-        self.layout: list | None = None
 
-    def __call__(self, specs: dict) -> dict:
-        self.layout, size = _offsets(specs)
-        self.segment = shared_memory.SharedMemory(name=self.name, create=True, size=max(size, 1))
-        return {
-            key: np.ndarray(shape, np.dtype(dtype), buffer=self.segment.buf, offset=offset)
-            for key, dtype, shape, offset in self.layout
-        }
+class WorkerSlots:
+    """Worker side: the segments this worker writes batches into."""
+
+    def __init__(self):
+        self._segments: dict[str, shared_memory.SharedMemory] = {}
+
+    def allocator(self, name: str):
+        """An ``allocate(specs)`` for run_batch that places the batch in slot ``name``.
+
+        It records the layout on itself (``allocate.layout``) for the result message.
+        """
+        def allocate(specs: dict) -> dict:
+            allocate.layout, size = layout_of(specs)
+            return _views(self._segment(name, size), allocate.layout)
+
+        allocate.layout = None
+        return allocate
+
+    def _segment(self, name: str, size: int) -> shared_memory.SharedMemory:
+        segment = self._segments.get(name)
+        if segment is not None and segment.size >= size:
+            return segment
+        if segment is not None:  # too small: replace it under the same name
+            segment.close()
+            segment.unlink()
+        segment = shared_memory.SharedMemory(name=name, create=True, size=max(size, 1))
+        self._segments[name] = segment
+        return segment
 
     def close(self) -> None:
-        if self.segment is not None:
-            self.segment.close()  # the consumer unlinks it after copying
-            self.segment = None
+        for segment in self._segments.values():
+            segment.close()  # the consumer unlinks
+        self._segments.clear()
 
 
-def receive(name: str, layout: list) -> dict[str, np.ndarray]:
-    """Consumer side: copy a batch out of its segment and unlink the segment."""
-    segment = shared_memory.SharedMemory(name=name)
-    try:
-        return {
-            key: np.ndarray(shape, np.dtype(dtype), buffer=segment.buf, offset=offset).copy()
-            for key, dtype, shape, offset in layout
-        }
-    finally:
-        segment.close()
-        segment.unlink()
+class ConsumerSlots:
+    """Consumer side: attachments to the workers' slots, kept open between batches."""
+
+    def __init__(self):
+        self._attached: dict[str, shared_memory.SharedMemory] = {}
+
+    def receive(self, name: str, layout: list) -> dict[str, np.ndarray]:
+        """Copy a batch out of its slot into fresh arrays."""
+        need = _end(layout)
+        segment = self._attached.get(name)
+        if segment is None or segment.size < need:  # first use, or the worker grew the slot
+            if segment is not None:
+                segment.close()
+            segment = self._attached[name] = shared_memory.SharedMemory(name=name)
+        return {key: view.copy() for key, view in _views(segment, layout).items()}
+
+    def discard(self, names) -> None:
+        """Detach and unlink slots whose worker stopped or died (whether or not they exist)."""
+        for name in names:
+            segment = self._attached.pop(name, None)
+            if segment is not None:
+                segment.close()
+            try:
+                segment = shared_memory.SharedMemory(name=name)
+            except FileNotFoundError:
+                continue
+            segment.close()
+            segment.unlink()
 
 
-def discard(name: str) -> None:
-    """Unlink a segment that may or may not exist (its worker died or was stopped)."""
-    try:
-        segment = shared_memory.SharedMemory(name=name)
-    except FileNotFoundError:
-        return
-    segment.close()
-    segment.unlink()
+def _end(layout: list) -> int:
+    key, dtype, shape, offset = layout[-1]
+    return offset + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
 def create_status(name: str) -> shared_memory.SharedMemory:
@@ -93,7 +133,3 @@ def status_cells(segment: shared_memory.SharedMemory) -> np.ndarray:
 def release(segment: shared_memory.SharedMemory) -> None:
     segment.close()
     segment.unlink()
-
-
-def owner_token() -> str:
-    return f"{os.getpid():x}{os.urandom(2).hex()}"

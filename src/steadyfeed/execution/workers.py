@@ -73,6 +73,7 @@ def _process_main(conn, status_name: str, ctx: WorkContext) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle
     status_segment = shm.attach_status(status_name)
     status = StatusSlot(shm.status_cells(status_segment))
+    slots = shm.WorkerSlots()
     try:
         while True:
             try:
@@ -81,18 +82,16 @@ def _process_main(conn, status_name: str, ctx: WorkContext) -> None:
                 return
             if task is None:
                 return
-            writer = shm.SegmentWriter(task.shm_name)
-            try:
-                result = run_batch(task, ctx, status, allocate=writer)
-            finally:
-                writer.close()
-            result.layout, result.arrays = (writer.layout if result.arrays is not None else None), None
+            allocate = slots.allocator(task.shm_name)
+            result = run_batch(task, ctx, status, allocate=allocate)
+            result.layout, result.arrays = (allocate.layout if result.arrays is not None else None), None
             for failure in result.failures:
                 failure.exception = _picklable(failure.exception)
             conn.send(result)
     finally:
         del status
         status_segment.close()
+        slots.close()
         close_source(ctx.source)
 
 
@@ -107,9 +106,10 @@ def _picklable(exc: BaseException | None) -> BaseException | None:
 class ProcessWorker:
     kind = "process"
 
-    def __init__(self, wid: int, ctx: WorkContext, mpctx, token: str):
+    def __init__(self, wid: int, ctx: WorkContext, mpctx, token: str, slots: int):
         self.wid = wid
         self.outstanding: OrderedDict[int, BatchTask] = OrderedDict()
+        self.slot_names = [shm.slot_name(token, wid, k) for k in range(slots)]
         # status cells live in a tiny segment of ours (not multiprocessing's heap, whose
         # arena file stays open for the life of the interpreter)
         self._status_segment = shm.create_status(f"{token}s{wid}")
@@ -134,6 +134,11 @@ class ProcessWorker:
     @property
     def sentinel(self):
         return self.process.sentinel
+
+    def free_slot_name(self) -> str:
+        """A batch slot that no outstanding task of this worker is writing or has written."""
+        busy = {task.shm_name for task in self.outstanding.values()}
+        return next(name for name in self.slot_names if name not in busy)
 
     def send(self, task: BatchTask) -> None:
         self.outstanding[task.task_id] = task
