@@ -17,7 +17,7 @@ $(VENV)/.stamp-%: pyproject.toml | $(VENV)/bin/python
 comma := ,
 
 demo: $(VENV)/.stamp-dev
-	$(PY) -m steadyfeed.tools.demo
+	$(VENV)/bin/steadyfeed demo
 
 test: $(VENV)/.stamp-dev
 	$(PY) -m pytest -q

@@ -5,10 +5,16 @@ the sample id is ``i``. Optional extras the engine uses when present:
 
 * ``read_many(ids) -> list[dict]``: one call for a whole batch, when that is cheaper;
 * ``locate(i) -> str``: where sample ``i`` lives (a file path, a row), for error messages;
-* ``close()``: release file handles (called when a worker or the loader shuts down).
+* ``close()``: release file handles (called when a worker or the loader shuts down);
+* ``fingerprint() -> str``: changes whenever the data may have changed (paths, sizes,
+  modification times), so caches and indexes built from the source know when to rebuild.
+
+Sources never hold open handles in their pickled state (see :class:`LazyHandles`), so
+they travel to spawned worker processes and reopen there.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
@@ -53,6 +59,20 @@ def read_many(source: Any, ids: Sequence[int]) -> list[Mapping[str, Any]] | None
     except Exception:
         return None
     return samples if len(samples) == len(ids) else None
+
+
+def fingerprint(source: Any) -> str | None:
+    fn = getattr(source, "fingerprint", None)
+    return None if fn is None else str(fn())
+
+
+def file_fingerprint(paths) -> str:
+    """A digest of the paths, sizes and modification times of files (for ``fingerprint()``)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        st = os.stat(path)
+        digest.update(f"{os.fspath(path)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
 
 
 def close_source(source: Any) -> None:

@@ -89,11 +89,21 @@ class Report:
         print(f"  [{'PASS' if ok else 'FAIL'}] {what}")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=20000)
+HELP = "Generate a dataset on disk, feed it through every execution mode, and check every promise."
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--samples", type=int, default=20000, help="dataset size (default 20000)")
     parser.add_argument("--dir", type=Path, default=None, help="where to write the dataset (default: a temp dir)")
-    args = parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=HELP)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         directory = args.dir or Path(tmp)
         directory.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,45 @@
+"""The ``steadyfeed`` command line.
+
+Each command is a module in ``steadyfeed.tools`` with a one-line ``HELP``,
+``add_arguments(parser)`` and ``run(args) -> int`` (the exit code). Commands are
+imported only when chosen, so ``steadyfeed --help`` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command name -> module in steadyfeed.tools
+COMMANDS = {
+    "demo": "demo",
+    "pack": "pack_command",
+}
+
+HELPS = {
+    "demo": "generate a dataset, feed it through every mode, check every promise",
+    "pack": "pack any source into indexed TFRecord shards (random access, exactly once)",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="steadyfeed", description="Feed larger-than-memory data, correctly.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, help_text in HELPS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        _parser().parse_args(argv)  # prints usage / help, exits
+        return 2
+    module = importlib.import_module(f"steadyfeed.tools.{COMMANDS[argv[0]]}")
+    parser = argparse.ArgumentParser(prog=f"steadyfeed {argv[0]}", description=module.HELP)
+    module.add_arguments(parser)
+    return int(module.run(parser.parse_args(argv[1:])) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
