@@ -91,3 +91,14 @@ def test_batches_are_fresh_arrays(workers, mode, no_leaks):
     for batch, snap in zip(held, snapshots):
         for key in snap:
             np.testing.assert_array_equal(batch[key], snap[key])
+
+
+def test_peek_equals_the_iterated_batch_and_moves_nothing(no_leaks):
+    from helpers import epoch_digest, noisy
+
+    with Loader(paired_source(100), 16, shuffle=True, seed=2, transform=noisy, workers=2, with_ids=True) as loader:
+        peeked = [loader.peek(i, epoch=1) for i in range(len(loader))]
+        assert loader.state_dict()["epoch"] == 0 and loader._pool is None
+        assert epoch_digest(peeked) == epoch_digest(loader.epoch(1))
+        with pytest.raises(IndexError, match="out of range"):
+            loader.peek(len(loader))

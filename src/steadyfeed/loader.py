@@ -25,7 +25,8 @@ from .config import LoaderConfig
 from .errors import SampleError, SampleTimeout, TooManyErrors, WorkerDied, RemoteError
 from .execution.pool import make_pool
 from .execution.scheduler import EpochRun, Outcome
-from .execution.task import SampleFailure, WorkContext
+from .execution.batch import run_batch
+from .execution.task import BatchTask, SampleFailure, StatusSlot, WorkContext
 from .quarantine import Quarantine, QuarantineEntry
 from .sampling.plan import build_plan
 from .sampling.samplers import SequentialSampler, ShuffleSampler
@@ -168,6 +169,28 @@ class Loader:
             if not finished:  # early exit, error, KeyboardInterrupt: stop everything now
                 self._shutdown_pool()
             self._active.release()
+
+    def peek(self, batch_index: int = 0, epoch: int | None = None) -> dict:
+        """Batch ``batch_index`` of ``epoch`` (default: the cursor's), computed in this thread.
+
+        Identical to what iteration yields for that batch, without starting workers or
+        moving the cursor: for inspecting a batch, or telling a framework the shapes.
+        Failures raise as under on_error="raise".
+        """
+        epoch = self._cursor[0] if epoch is None else int(epoch)
+        plan = self._plan(epoch)
+        if not 0 <= batch_index < len(plan):
+            raise IndexError(f"batch {batch_index} out of range: epoch {epoch} has {len(plan)} batches")
+        cfg = self.config
+        ctx = WorkContext(self.source, cfg.transform, int(cfg.seed), cfg.retries, stop_on_failure=True)
+        task = BatchTask(-1, epoch, plan[batch_index])
+        result = run_batch(task, ctx, StatusSlot([-1, -1, 0.0]))
+        if result.failures:
+            raise self._sample_error(result.failures[0], epoch, batch_index)
+        batch = result.arrays
+        if not cfg.with_ids:
+            batch.pop("id")
+        return batch
 
     def _ensure_pool(self):
         if self._pool is None:
