@@ -181,21 +181,26 @@ class Loader:
         plan = self._plan(epoch)
         if not 0 <= batch_index < len(plan):
             raise IndexError(f"batch {batch_index} out of range: epoch {epoch} has {len(plan)} batches")
-        cfg = self.config
-        ctx = WorkContext(self.source, cfg.transform, int(cfg.seed), cfg.retries, stop_on_failure=True)
         task = BatchTask(-1, epoch, plan[batch_index])
-        result = run_batch(task, ctx, StatusSlot([-1, -1, 0.0]))
+        result = run_batch(task, self._work_context(stop_on_failure=True), StatusSlot([-1, -1, 0.0]))
         if result.failures:
             raise self._sample_error(result.failures[0], epoch, batch_index)
-        batch = result.arrays
-        if not cfg.with_ids:
+        return self._public(result.arrays)
+
+    def _work_context(self, stop_on_failure: bool) -> WorkContext:
+        cfg = self.config
+        return WorkContext(self.source, cfg.transform, int(cfg.seed), cfg.retries, stop_on_failure)
+
+    def _public(self, batch: dict) -> dict:
+        """The batch as users see it: "id" only when asked for."""
+        if not self.config.with_ids:
             batch.pop("id")
         return batch
 
     def _ensure_pool(self):
         if self._pool is None:
             cfg = self.config
-            ctx = WorkContext(self.source, cfg.transform, int(cfg.seed), cfg.retries, cfg.on_error == "raise")
+            ctx = self._work_context(stop_on_failure=cfg.on_error == "raise")
             self._pool = make_pool(cfg.mode, cfg.workers, ctx, cfg.timeout)
         return self._pool
 
@@ -224,11 +229,9 @@ class Loader:
         batch = outcome.arrays
         if batch is None:
             return None
-        if not self.config.with_ids:
-            batch.pop("id")
         self._stats.batches += 1
-        self._stats.samples += int(np.count_nonzero(batch["mask"])) if "mask" in batch else len(next(iter(batch.values())))
-        return batch
+        self._stats.samples += int(np.count_nonzero(batch["mask"])) if "mask" in batch else len(batch["id"])
+        return self._public(batch)
 
     def _sample_error(self, failure: SampleFailure, epoch: int, batch_index: int) -> SampleError:
         where = locate(self.source, failure.sample_id)
