@@ -42,3 +42,12 @@ def test_process_workers_read_memmaps(mapped, no_leaks):
     assert sorted(ids.tolist()) == list(range(2000))
     for b in batches:
         np.testing.assert_array_equal(b["y"], label_of(b["x"]))
+
+
+def test_structured_memmap_keeps_its_dtype(tmp_path):
+    a = np.zeros(5, dtype=[("a", "<i4"), ("b", "<f8")])
+    a["b"] = np.arange(5)
+    np.save(tmp_path / "s.npy", a)
+    back = pickle.loads(pickle.dumps(ArraySource(s=np.load(tmp_path / "s.npy", mmap_mode="r"))))
+    assert back.arrays["s"].dtype == a.dtype
+    assert back[3]["s"]["b"] == 3.0

@@ -65,3 +65,13 @@ def test_resume_with_ids_matches_reference_ids():
         loader.load_state_dict(state)
         rest = [b["id"] for b in loader]
     assert np.array_equal(np.concatenate(first + rest), ids_full)
+
+
+def test_replace_changes_execution_not_batches(no_leaks):
+    with make(workers=0) as a:
+        b = a.replace(workers=2, mode="process")
+        assert (b.config.workers, b.config.mode, b.config.batch_size) == (2, "process", 16)
+        with b:
+            assert epoch_digest(a.epoch(0)) == epoch_digest(b.epoch(0))
+    with pytest.raises(ValueError, match="batch_size"):
+        a.replace(batch_size=0)

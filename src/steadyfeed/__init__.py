@@ -3,7 +3,7 @@ exactly once, reproducibly, and never silently or stuck."""
 from .errors import DataError, SampleError, SampleTimeout, SteadyfeedError, TooManyErrors, WorkerDied
 from .loader import Loader
 from .sampling import SequentialSampler, ShuffleSampler, WeightedSampler, sample_rng
-from .sources import ArraySource
+from .sources import ArraySource, NpyArray, NpyPairs
 
 __version__ = "0.1.0"
 
@@ -11,6 +11,8 @@ __all__ = [
     "ArraySource",
     "DataError",
     "Loader",
+    "NpyArray",
+    "NpyPairs",
     "SampleError",
     "SampleTimeout",
     "SequentialSampler",

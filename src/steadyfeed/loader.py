@@ -12,6 +12,7 @@ Guarantees (each proven by a test named in the README):
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import threading
@@ -117,6 +118,16 @@ class Loader:
         self._active = threading.Lock()  # one epoch at a time
         self._closed = False
         self._finalizer = weakref.finalize(self, _shutdown_pool, self.__dict__)
+
+    def replace(self, **changes) -> "Loader":
+        """A new loader over the same source with some options changed, e.g.
+        ``loader.replace(workers=4, mode="process")``. The new loader starts at epoch 0."""
+        options = {f.name: getattr(self.config, f.name) for f in dataclasses.fields(self.config)}
+        options["sampler"] = self.sampler if not self.config.shuffle else None
+        options.update(changes)
+        if "drop_last" in options:
+            options["last_batch"] = "drop" if options.pop("drop_last") else options["last_batch"]
+        return Loader(self.source, **options)
 
     # -- plan ---------------------------------------------------------------------------
     def _plan(self, epoch: int):

@@ -2,27 +2,13 @@
 from __future__ import annotations
 
 import mmap
-from dataclasses import dataclass
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class _MappedFile:
-    """How to reopen a read-only np.memmap in another process instead of copying its data."""
-
-    filename: str
-    offset: int
-    dtype: str
-    shape: tuple
-    order: str
-
-    def open(self) -> np.memmap:
-        return np.memmap(self.filename, dtype=np.dtype(self.dtype), mode="r", offset=self.offset,
-                         shape=self.shape, order=self.order)
+from .base import MappedFile
 
 
-def _mapped_file(a: np.ndarray) -> _MappedFile | None:
+def _mapped_file(a: np.ndarray) -> MappedFile | None:
     """A read-only memmap that is a whole mapping (np.load(..., mmap_mode="r")) travels as its path.
 
     Views of a memmap (slices) keep the parent's offset, so they are not reopened by
@@ -31,7 +17,7 @@ def _mapped_file(a: np.ndarray) -> _MappedFile | None:
     if not isinstance(a, np.memmap) or a.filename is None or a.mode != "r" or not isinstance(a.base, mmap.mmap):
         return None
     order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
-    return _MappedFile(a.filename, int(a.offset), a.dtype.str, tuple(a.shape), order)
+    return MappedFile(a.filename, int(a.offset), a.dtype, tuple(a.shape), order)
 
 
 class ArraySource:
@@ -77,7 +63,7 @@ class ArraySource:
 
     def __setstate__(self, state: dict) -> None:
         self._len = state["_len"]
-        self.arrays = {name: a.open() if isinstance(a, _MappedFile) else a for name, a in state["arrays"].items()}
+        self.arrays = {name: a.open() if isinstance(a, MappedFile) else a for name, a in state["arrays"].items()}
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{k}={a.dtype}{list(a.shape)}" for k, a in self.arrays.items())

@@ -17,7 +17,10 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
 
 
 @runtime_checkable
@@ -119,3 +122,18 @@ class LazyHandles:
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["_opener"], state["_closer"])
+
+
+@dataclass(frozen=True)
+class MappedFile:
+    """How to reopen a read-only np.memmap in another process instead of copying its data."""
+
+    filename: str
+    offset: int
+    dtype: np.dtype  # the dtype itself: a string would lose structured dtypes
+    shape: tuple
+    order: str
+
+    def open(self) -> np.memmap:
+        return np.memmap(self.filename, dtype=np.dtype(self.dtype), mode="r", offset=self.offset,
+                         shape=self.shape, order=self.order)

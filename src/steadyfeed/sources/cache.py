@@ -1,0 +1,407 @@
+"""Caches of decoded samples: :class:`MemoryCache` (in memory, within a byte budget) and
+:class:`DiskCache` (one file per sample, in a directory reused across runs).
+
+A cache wraps the *source*, so it sits before the transform: the loader reads through
+the cache and then applies the random transform with each sample's own rng. Decoding
+happens once; augmentation stays random across epochs and bit-identical for any worker
+count, exactly as without the cache::
+
+    source = DiskCache(JpegFolder("images/"), "/scratch/steadyfeed-cache")
+    loader = Loader(source, 64, shuffle=True, transform=augment, workers=4)
+
+Both are sources themselves: ``len``, ``read_many``, ``locate``, ``close`` and
+``fingerprint`` go to the wrapped source, and ``cache[i]`` equals ``source[i]`` with
+every value as a numpy array and every key a string. What they guarantee:
+
+* every array they return is fresh and writable: a transform that changes its input in
+  place cannot reach the cached copy;
+* they are picklable (``mode="process"``) and safe to call from many threads at once;
+* they never hold Python objects: a sample whose value has dtype ``object`` is refused
+  with a ``TypeError`` (its size could not be budgeted, nor stored without pickle).
+
+What they do not: samples are cached in the form the source returns them, so a source
+whose ``i``-th sample changes between reads (say, a random crop inside ``__getitem__``)
+is frozen at its first read. Keep randomness in the transform.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+import threading
+import warnings
+import zipfile
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import DataError
+from .base import check_source, close_source, fingerprint, read_many
+
+DISK_FORMAT = "steadyfeed.diskcache/1"
+MARKER = "steadyfeed-cache.json"  # names a directory as ours: prune() removes nothing else
+
+
+def _size(n: int) -> str:
+    scaled, unit = float(n), "bytes"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if scaled < 1024:
+            break
+        scaled, unit = scaled / 1024, bigger
+    return f"{n:,} bytes" if unit == "bytes" else f"{n:,} bytes ({scaled:.1f} {unit})"
+
+
+def _arrays(raw: Any, i: int) -> dict[str, np.ndarray]:
+    """The sample as ``{str: ndarray}``: what a cache can measure, store and hand back alike."""
+    if not isinstance(raw, Mapping):
+        raise TypeError(f"sample {i}: a sample must be a dict of arrays, got {type(raw).__name__}")
+    sample = {}
+    for key, value in raw.items():
+        arr = np.asarray(value)
+        if arr.dtype.hasobject:
+            raise TypeError(f"sample {i}, key {key!r}: a cache stores numeric or string arrays, got dtype object")
+        sample[str(key)] = arr
+    return sample
+
+
+def _nbytes(sample: dict[str, np.ndarray]) -> int:
+    return sum(int(a.nbytes) for a in sample.values())
+
+
+class _Cache:
+    """What both caches share: delegation, the hit/miss path, counters, pickling.
+
+    A subclass provides ``_get(i)`` (a fresh sample, or None on a miss) and
+    ``_put(i, sample)``; attributes named in ``_PER_PROCESS`` are rebuilt by
+    ``_init_state`` in every process instead of being pickled.
+    """
+
+    _PER_PROCESS: tuple = ("_lock", "_hits", "_misses")
+
+    def __init__(self, source: Any):
+        check_source(source)
+        self.source = source
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self._lock = threading.Lock()
+        self._hits = self._misses = 0
+
+    # -- the source protocol ------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        i = self._index(i)
+        sample = self._counted(self._get(i))
+        return sample if sample is not None else self._keep(i, self.source[i])
+
+    def read_many(self, ids) -> list[dict[str, np.ndarray]]:
+        """Hits from the cache; misses in one ``source.read_many`` call when it offers one."""
+        ids = [self._index(i) for i in ids]
+        samples = [self._counted(self._get(i)) for i in ids]
+        missing = [p for p, s in enumerate(samples) if s is None]
+        if missing:
+            miss_ids = [ids[p] for p in missing]
+            raws = read_many(self.source, miss_ids)
+            if raws is None:  # no read_many, or it failed: one by one pins a failure on its own id
+                raws = [self.source[i] for i in miss_ids]
+            for p, i, raw in zip(missing, miss_ids, raws):
+                samples[p] = self._keep(i, raw)
+        return samples
+
+    # Properties, so that a source without locate() / fingerprint() gives a cache without
+    # them too (AttributeError), and the helpers in base.py see None rather than a method.
+    @property
+    def locate(self):
+        return self.source.locate
+
+    @property
+    def fingerprint(self):
+        return self.source.fingerprint
+
+    def close(self) -> None:
+        """Close the wrapped source. The cached samples stay: workers close their source when
+        they stop, and the next epoch or Loader should still find them."""
+        close_source(self.source)
+
+    # -- the shared path ------------------------------------------------------------------
+    def _index(self, i) -> int:
+        i, n = int(i), len(self.source)
+        if not 0 <= i < n:
+            raise IndexError(f"sample id {i} out of range for {type(self).__name__} of length {n}")
+        return i
+
+    def _counted(self, sample):
+        with self._lock:
+            if sample is None:
+                self._misses += 1
+            else:
+                self._hits += 1
+        return sample
+
+    def _keep(self, i: int, raw: Any) -> dict[str, np.ndarray]:
+        """Store a freshly read sample and return it (the source's own arrays, not the stored ones)."""
+        sample = _arrays(raw, i)
+        self._put(i, sample)
+        return sample
+
+    def stats(self) -> dict:
+        """Counters of this process (a worker process keeps its own; the consumer's stay 0 then)."""
+        with self._lock:
+            return {"hits": self._hits, "misses": self._misses}
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in self._PER_PROCESS}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._init_state()
+
+
+class MemoryCache(_Cache):
+    """Keeps every sample read, in memory, within ``max_bytes``; the second read is a copy.
+
+    The decoded size of the dataset is estimated from sample 0 (read once at
+    construction) as ``nbytes(sample 0) * len(source)``; when that exceeds ``max_bytes``
+    the cache is refused at once with a :class:`DataError` that says how much is needed.
+    Each sample is measured again as it is stored: one that would take the cache past
+    ``max_bytes`` (samples larger than sample 0) raises :class:`DataError` naming the
+    budget, the bytes held and the estimate, so memory never grows past the budget.
+    ``max_bytes`` counts array bytes, not the few hundred bytes of bookkeeping per sample.
+
+    Per process: the cache pickles empty, so in ``mode="process"`` every worker fills its
+    own copy. Memory use can then reach ``workers * max_bytes``, and a sample is a hit
+    only on a worker that read it before (up to ``workers`` reads per sample). Prefer
+    ``mode="thread"`` (one cache shared by all workers; decoders that release the GIL
+    run in parallel anyway) or :class:`DiskCache` with process workers.
+    """
+
+    _PER_PROCESS = _Cache._PER_PROCESS + ("_samples", "_bytes")
+
+    def __init__(self, source: Any, max_bytes: int):
+        super().__init__(source)
+        if int(max_bytes) < 0:
+            raise ValueError(f"max_bytes must be a byte count >= 0, got {max_bytes!r}")
+        self.max_bytes = int(max_bytes)
+        self.sample_bytes = _nbytes(_arrays(source[0], 0)) if len(source) else 0
+        self.estimate = self.sample_bytes * len(source)
+        if self.estimate > self.max_bytes:
+            raise DataError(
+                f"MemoryCache needs about {_size(self.estimate)} for {len(source)} samples (sample 0 holds "
+                f"{_size(self.sample_bytes)} of arrays), more than max_bytes={_size(self.max_bytes)}. Raise "
+                "max_bytes if memory allows (it is per process: in mode='process' each worker keeps its own "
+                "cache), or use DiskCache(source, directory), which keeps decoded samples on disk."
+            )
+
+    def _init_state(self) -> None:
+        super()._init_state()
+        self._samples: dict[int, dict[str, np.ndarray]] = {}
+        self._bytes = 0
+
+    def _get(self, i: int):
+        with self._lock:
+            stored = self._samples.get(i)
+        return stored
+
+    def _put(self, i: int, sample: dict[str, np.ndarray]) -> None:
+        frozen = {k: _read_only_copy(a) for k, a in sample.items()}  # the source may reuse or change its arrays
+        nbytes = _nbytes(frozen)
+        with self._lock:
+            if i in self._samples:  # another thread stored it meanwhile: count its bytes once
+                return
+            if self._bytes + nbytes > self.max_bytes:
+                raise DataError(
+                    f"MemoryCache is full: sample {i} ({_size(nbytes)}) does not fit in max_bytes="
+                    f"{_size(self.max_bytes)}, which holds {_size(self._bytes)} in {len(self._samples)} samples "
+                    f"already. The estimate was {_size(self.estimate)} from sample 0 ({_size(self.sample_bytes)}), "
+                    "so samples are larger than sample 0. Raise max_bytes, or use DiskCache(source, directory)."
+                )
+            self._samples[i] = frozen
+            self._bytes += nbytes
+
+    def clear(self) -> None:
+        """Drop every cached sample (of this process)."""
+        with self._lock:
+            self._samples, self._bytes = {}, 0
+
+    def stats(self) -> dict:
+        with self._lock:
+            held = {"items": len(self._samples), "bytes": self._bytes}
+        return {**super().stats(), **held, "max_bytes": self.max_bytes, "estimate": self.estimate}
+
+    def __repr__(self) -> str:
+        return f"MemoryCache({self.source!r}, max_bytes={self.max_bytes})"
+
+
+def _read_only_copy(a: np.ndarray) -> np.ndarray:
+    copy = np.array(a, copy=True)
+    copy.flags.writeable = False  # a bug of ours that handed out the stored array would fail loudly
+    return copy
+
+
+class DiskCache(_Cache):
+    """Keeps every sample read as one file under ``directory``, for this and later runs.
+
+    Samples live in ``directory/<digest>/<i>.npz``, where the digest covers the source's
+    ``fingerprint()``, ``key``, type and length: when the data changes, its fingerprint
+    changes and a new, empty subdirectory is used (``prune()`` deletes the old ones). A
+    source without ``fingerprint()`` needs ``key=``, a string you change whenever the
+    data or its decoding changes.
+
+    Guarantees:
+
+    * a file is written to a temporary name and renamed into place, so concurrent
+      writers (threads, worker processes, other runs) and readers never see half a file;
+    * a file is read with ``allow_pickle=False`` and checked (zip CRC-32 of every array,
+      exact sizes, the sample id it was written for); one that fails any check is a miss:
+      a ``RuntimeWarning`` names it, the sample comes from the source and the file is
+      rewritten. A cache directory from elsewhere can therefore neither run code nor
+      serve wrong data (a deliberately forged file with valid checksums can, like any
+      forged data file);
+    * a file that cannot be written (disk full, read-only) leaves the sample served
+      uncached, with one ``RuntimeWarning`` per process and ``stats()["write_errors"]``.
+
+    Files are plain ``.npz``: ``np.load(path)`` opens them for inspection. Temporary
+    files of a writer killed mid-write (``.*.tmp``) stay until the directory is pruned
+    or removed. Counters are per process, like :class:`MemoryCache`'s.
+    """
+
+    _PER_PROCESS = _Cache._PER_PROCESS + ("_corrupt", "_write_errors")
+
+    def __init__(self, source: Any, directory: str | os.PathLike, *, key: str | None = None):
+        super().__init__(source)
+        if key is not None and not isinstance(key, str):
+            raise TypeError(f"key must be a string, got {type(key).__name__}")
+        identity = _identity(source, key)
+        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
+        self.root = os.path.abspath(os.fspath(directory))
+        self.path = os.path.join(self.root, digest)
+        os.makedirs(self.path, exist_ok=True)
+        if not os.path.exists(os.path.join(self.path, MARKER)):
+            _atomic_write(os.path.join(self.path, MARKER), json.dumps(identity, indent=1).encode())
+
+    def _init_state(self) -> None:
+        super()._init_state()
+        self._corrupt = self._write_errors = 0
+
+    def _file(self, i: int) -> str:
+        return os.path.join(self.path, f"{i}.npz")
+
+    def _get(self, i: int):
+        path = self._file(i)
+        try:
+            with open(path, "rb") as f:
+                return _decode(f.read(), i)
+        except FileNotFoundError:
+            return None
+        except Exception as exc:  # noqa: BLE001 - whatever is wrong with the file, the source has the truth
+            with self._lock:
+                self._corrupt += 1
+            warnings.warn(f"DiskCache: {path} is not a valid cache file for sample {i} ({type(exc).__name__}: "
+                          f"{exc}); reading the sample from the source and rewriting the file",
+                          RuntimeWarning, stacklevel=3)
+            return None
+
+    def _put(self, i: int, sample: dict[str, np.ndarray]) -> None:
+        try:
+            _atomic_write(self._file(i), _encode(sample, i))
+        except OSError as exc:
+            with self._lock:
+                self._write_errors += 1
+                first = self._write_errors == 1
+            if first:  # once per process: a full disk would otherwise warn on every sample
+                warnings.warn(f"DiskCache cannot write to {self.path} ({exc}); samples are served from the "
+                              "source uncached (stats()['write_errors'] counts them)", RuntimeWarning, stacklevel=4)
+
+    def prune(self) -> list[str]:
+        """Delete the cache subdirectories of ``directory`` other than this one (older
+        fingerprints or other keys) and return their paths. Only directories marked as a
+        steadyfeed cache are touched. Use one ``directory`` per dataset, and prune when no
+        other run reads from it."""
+        removed = []
+        for entry in os.scandir(self.root):
+            ours = entry.is_dir(follow_symlinks=False) and os.path.isfile(os.path.join(entry.path, MARKER))
+            if ours and entry.path != self.path:
+                shutil.rmtree(entry.path)
+                removed.append(entry.path)
+        return sorted(removed)
+
+    def stats(self) -> dict:
+        with self._lock:
+            errors = {"corrupt": self._corrupt, "write_errors": self._write_errors}
+        return {**super().stats(), **errors, "directory": self.path}
+
+    def __repr__(self) -> str:
+        return f"DiskCache({self.source!r}, {self.path!r})"
+
+
+def _identity(source: Any, key: str | None) -> dict:
+    """What names a cache subdirectory: anything that changes the samples must change this."""
+    fp = fingerprint(source)
+    if fp is None and key is None:
+        raise ValueError(
+            f"DiskCache cannot tell when {type(source).__name__} changes: it has no fingerprint() method. "
+            "Pass key='...', a string you change whenever the data or its decoding changes (e.g. a dataset version)."
+        )
+    kind = type(source)
+    return {"format": DISK_FORMAT, "source": f"{kind.__module__}.{kind.__qualname__}", "fingerprint": fp,
+            "key": key, "samples": len(source)}
+
+
+def _comment(i: int, keys) -> bytes:
+    """Names the sample id and its keys: a file under the wrong name, or one whose zip directory
+    lost a member (the per-member CRC cannot see that), does not match."""
+    return json.dumps({"format": DISK_FORMAT, "sample": i, "keys": list(keys)}).encode()
+
+
+def _encode(sample: dict[str, np.ndarray], i: int) -> bytes:
+    """An uncompressed .npz whose zip comment names the sample id it holds."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zf:
+        zf.comment = _comment(i, sample)
+        for key, arr in sample.items():
+            member = io.BytesIO()
+            np.lib.format.write_array(member, arr, allow_pickle=False)
+            zf.writestr(key + ".npy", member.getvalue())
+    return out.getvalue()
+
+
+def _decode(blob: bytes, i: int) -> dict[str, np.ndarray]:
+    """The sample in ``blob``, or an exception saying what is wrong with it."""
+    with zipfile.ZipFile(io.BytesIO(blob)) as zf:
+        infos = zf.infolist()
+        keys = [info.filename[:-4] for info in infos]
+        if zf.comment != _comment(i, keys):
+            raise ValueError(f"holds {zf.comment[:200]!r}, expected {_comment(i, keys)!r}")
+        sample = {}
+        for key, info in zip(keys, infos):
+            # stored members only: no decompression (a zip bomb) from a foreign cache directory
+            if info.compress_type != zipfile.ZIP_STORED or info.filename != key + ".npy" or key in sample:
+                raise ValueError(f"unexpected member {info.filename!r}")
+            sample[key] = _read_npy(zf.read(info))  # ZipFile.read checks the member's CRC-32
+    return sample
+
+
+def _read_npy(data: bytes) -> np.ndarray:
+    buf = io.BytesIO(data)
+    arr = np.lib.format.read_array(buf, allow_pickle=False)  # never unpickle: a cache file cannot run code
+    if buf.tell() != len(data):
+        raise ValueError(f"{len(data) - buf.tell()} bytes after the array")
+    return arr
+
+
+def _atomic_write(path: str, blob: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, path)  # readers see the old file or the whole new one, never a partial write
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

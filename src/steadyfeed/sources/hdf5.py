@@ -1,0 +1,213 @@
+"""Hdf5Source: named datasets of one HDF5 file, sharing their first dimension.
+
+``Hdf5Source("d.h5", x="/images", y="/labels")[i] == {"x": images[i], "y": labels[i]}``.
+
+Guarantees:
+
+* **Checked at construction.** A missing file raises ``FileNotFoundError``; a file that is not
+  HDF5, is truncated or cannot be opened, a missing dataset path (listing the datasets that do
+  exist), a group or scalar where a dataset of rows was expected, and datasets of different
+  lengths raise :class:`~steadyfeed.DataError` naming the file and what was expected.
+* **No handle travels.** The file is opened lazily, once per process, and shared by that
+  process's threads (h5py serializes every call with its global lock, so one ``File`` per
+  process is safe). A pickled source carries only the path and the dataset names, so spawned
+  workers reopen the file themselves. Between construction and the first read no file is open.
+* **Batched reads by contiguous runs.** ``read_many(ids)`` sorts and deduplicates the ids, reads
+  each run of consecutive ids with one hyperslab read straight into the output, and puts the rows
+  back in the requested order (repeats included). It returns exactly what per-sample reads return.
+* **Per-sample failures name their place.** A row that cannot be read raises ``DataError`` naming
+  the file, the dataset and the row; an id out of range raises ``IndexError``.
+* **SWMR.** ``swmr=True`` reads a file that a writer still appends to in SWMR mode. The source
+  serves the rows every dataset held at construction (the shortest length, since a writer extends
+  its datasets one after another); rows appended later need a new source.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import hashlib
+import os
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import DataError
+from .base import LazyHandles, file_fingerprint
+
+try:
+    import h5py
+    from h5py import h5d, h5p, h5s
+except ImportError:  # the core needs numpy only; say how to get the optional dependency
+    h5py = None
+
+_LISTED = 20  # how many existing datasets a "missing dataset" message lists
+
+
+class Hdf5Source:
+    """Serves ``{name: dataset[i]}`` for the HDF5 datasets given as ``name="/path/in/file"``.
+
+    ``swmr`` is the only reserved name; ``path`` is positional, so a key may be called ``path``.
+
+    >>> src = Hdf5Source("d.h5", x="/images", y="/labels")   # doctest: +SKIP
+    >>> sorted(src[0])                                        # doctest: +SKIP
+    ['x', 'y']
+    """
+
+    def __init__(self, path, /, *, swmr: bool = False, **keys: str):
+        if h5py is None:
+            raise ImportError("Hdf5Source needs h5py: pip install 'steadyfeed[hdf5]'")
+        if not keys:
+            raise ValueError('Hdf5Source needs at least one dataset, e.g. Hdf5Source("d.h5", x="/images")')
+        self.path = os.path.abspath(os.fspath(path))
+        self.keys = {name: str(dataset) for name, dataset in keys.items()}
+        self.swmr = bool(swmr)
+        self._handles = LazyHandles(functools.partial(_open, self.path, tuple(self.keys.items()), self.swmr), _close)
+        try:
+            datasets = self._handles.get().datasets
+            self._rows = {name: (ds.shape[1:], ds.dtype) for name, ds in datasets.items()}
+            self._len = self._checked_length({name: ds.shape[0] for name, ds in datasets.items()})
+        finally:
+            self._handles.close()  # validation only: readers open their own handle on first use
+
+    def _checked_length(self, lengths: dict[str, int]) -> int:
+        if len(set(lengths.values())) > 1 and not self.swmr:
+            listed = ", ".join(f"{self.keys[name]} has {n} rows" for name, n in lengths.items())
+            raise DataError(f"{self.path}: datasets must have the same length (first dimension), but {listed}")
+        return min(lengths.values())
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i: int) -> dict:
+        return self.read_many([i])[0]
+
+    def read_many(self, ids) -> list[dict]:
+        """The samples for ``ids``, in order, repeats allowed: one hyperslab read per run of ids."""
+        ids = self._checked_ids(ids)
+        unique, inverse = np.unique(ids, return_inverse=True)
+        runs = _runs(unique)
+        datasets = self._handles.get().datasets
+        columns = {name: self._read_runs(name, datasets[name], runs, len(unique)) for name in self.keys}
+        if not np.array_equal(unique, ids):  # shuffled or repeated: back to the requested order
+            columns = {name: col[inverse] for name, col in columns.items()}
+        return [{name: col[k] for name, col in columns.items()} for k in range(len(ids))]
+
+    def _checked_ids(self, ids) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        bad = ids[(ids < 0) | (ids >= self._len)]
+        if bad.size:
+            raise IndexError(f"sample id {int(bad[0])} out of range for {self!r} of length {self._len}")
+        return ids
+
+    def _read_runs(self, name: str, ds, runs: list[tuple[int, int, int]], count: int) -> np.ndarray:
+        shape, dtype = self._rows[name]
+        out = np.empty((count, *shape), dtype)
+        space = ds.id.get_space()  # a fresh dataspace per call: threads never share a selection
+        for start, stop, at in runs:
+            try:
+                space.select_hyperslab((start,) + (0,) * len(shape), (stop - start, *shape))
+                rows = out[at:at + stop - start]  # a contiguous view: HDF5 writes straight into it
+                ds.id.read(h5s.create_simple(rows.shape), space, rows)
+            except Exception as exc:  # noqa: BLE001 - any HDF5 failure becomes a message naming the rows
+                raise DataError(
+                    f"{self.path}: cannot read rows {start}..{stop - 1} of dataset {self.keys[name]} "
+                    f"(expected {dtype} rows of shape {shape}): {exc}"
+                ) from exc
+        return out
+
+    def locate(self, i: int) -> str:
+        return f"{self.path} row {int(i)} of {', '.join(self.keys.values())}"
+
+    def fingerprint(self) -> str:
+        """Changes with the file's path, size or modification time, or the datasets read."""
+        keys = "\0".join(f"{name}={dataset}" for name, dataset in sorted(self.keys.items()))
+        return hashlib.sha256(f"{file_fingerprint([self.path])}\0{keys}".encode()).hexdigest()
+
+    def close(self) -> None:
+        """Close this process's file handle; the next read reopens it."""
+        self._handles.close()
+
+    def __repr__(self) -> str:
+        keys = ", ".join(f"{name}={dataset!r}" for name, dataset in self.keys.items())
+        return f"Hdf5Source({self.path!r}, {keys}{', swmr=True' if self.swmr else ''})"
+
+
+def _runs(ids: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(start, stop, position)`` for each run of consecutive values in sorted unique ``ids``."""
+    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+    firsts = np.concatenate(([0], breaks))
+    lasts = np.concatenate((breaks, [len(ids)])) - 1
+    return [(int(ids[a]), int(ids[b]) + 1, int(a)) for a, b in zip(firsts, lasts)]
+
+
+class _Open(NamedTuple):
+    """One process's open file and its datasets (what ``LazyHandles`` keeps)."""
+
+    file: "h5py.File"
+    datasets: dict
+
+
+def _open(path: str, keys: tuple[tuple[str, str], ...], swmr: bool, _key=None) -> _Open:
+    """The file and its datasets, opened for reading; raises naming what is wrong.
+
+    ``_key`` is the ``LazyHandles`` key, always None: a source has one file.
+    """
+    f = _open_file(path, swmr, expected=", ".join(dataset for _, dataset in keys))
+    try:
+        return _Open(f, {name: _open_dataset(f, path, dataset) for name, dataset in keys})
+    except BaseException:
+        f.close()
+        raise
+
+
+def _close(handle: _Open) -> None:
+    handle.file.close()  # h5py closes every object of the file with it
+
+
+def _open_file(path: str, swmr: bool, expected: str):
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, f"no such HDF5 file (expected one holding {expected})", path)
+    try:
+        return h5py.File(path, "r", swmr=swmr)
+    except OSError as exc:
+        what = ("is an HDF5 file that cannot be opened (truncated or corrupt?)" if h5py.is_hdf5(path)
+                else "is not an HDF5 file (no HDF5 signature)")
+        raise DataError(f"{path} {what}; expected an HDF5 file holding {expected}: {exc}") from exc
+
+
+def _open_dataset(f, path: str, dataset: str):
+    kind = f.get(dataset, getclass=True)
+    if kind is not h5py.Dataset:
+        found = f"no dataset {dataset}" if kind is None else f"{dataset} is a {kind.__name__.lower()}, not a dataset"
+        raise DataError(f"{path}: {found}; datasets in the file: {_listing(f)}")
+    ds = h5py.Dataset(h5d.open(f.id, dataset.encode(), _access(f, dataset)))
+    if ds.ndim == 0:
+        raise DataError(f"{path}: {dataset} is a scalar; expected a dataset with one row per sample")
+    return ds
+
+
+def _access(f, dataset: str) -> "h5p.PropDAID":
+    """Dataset access with a chunk cache sized for reading rows.
+
+    Uncompressed chunks get no cache, so HDF5 reads just the requested rows from disk (a cache
+    would pull in a whole chunk to serve one row: about 5x slower for shuffled reads). Compressed
+    chunks are decompressed whole, so a few stay cached for the neighbouring rows of the next batch.
+    """
+    # Inspected through a handle that is gone before the caller reopens the dataset: HDF5 shares
+    # one chunk cache among all open handles of a dataset, sized by the first one opened.
+    ds = f[dataset]
+    dapl = h5p.create(h5p.DATASET_ACCESS)
+    _, nslots, nbytes, w0 = f.id.get_access_plist().get_cache()  # the file's defaults
+    if ds.chunks is not None and ds.id.get_create_plist().get_nfilters() == 0:
+        nbytes = 0
+    elif ds.chunks is not None:
+        nbytes = max(nbytes, 4 * int(np.prod(ds.chunks)) * ds.dtype.itemsize)
+    dapl.set_chunk_cache(nslots, nbytes, w0)
+    return dapl
+
+
+def _listing(f) -> str:
+    names: list[str] = []
+    f.visititems(lambda name, obj: names.append("/" + name) if isinstance(obj, h5py.Dataset) else None)
+    shown = ", ".join(names[:_LISTED]) or "none"
+    return shown + (f" (and {len(names) - _LISTED} more)" if len(names) > _LISTED else "")

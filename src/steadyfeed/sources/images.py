@@ -1,0 +1,223 @@
+"""ImageFolder: ``root/<class>/**/<image>`` files, decoded to uint8 ``(h, w, channels)`` arrays.
+
+Needs the ``images`` extra (Pillow and simplejpeg). JPEGs are decoded by simplejpeg
+(libjpeg-turbo, which releases the GIL, so ``mode="thread"`` workers decode in parallel);
+every other format, and JPEGs simplejpeg does not handle (CMYK, YCCK, unusual
+subsampling), by Pillow.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+
+import numpy as np
+
+from ..errors import DataError
+from .base import file_fingerprint
+
+try:
+    import simplejpeg
+    from PIL import Image
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("ImageFolder needs Pillow and simplejpeg: pip install 'steadyfeed[images]'") from exc
+
+IMAGE_EXTENSIONS = frozenset({
+    ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff",
+    ".ppm", ".pgm", ".pbm", ".pnm",
+})
+MAX_PIXELS = 89_478_485  # Pillow's default Image.MAX_IMAGE_PIXELS (1 GiB of 32-bit pixels / 3)
+MAX_BYTES = 256 * 2**20
+RESAMPLE = Image.Resampling.BILINEAR  # Pillow's is antialiased when shrinking, like Keras' resizing
+
+_PIL_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
+_JPEG_MODES = {1: "GRAY", 3: "RGB", 4: "RGBA"}
+_SIMPLEJPEG_SOURCES = frozenset({"Gray", "YCbCr", "RGB"})  # header colorspaces simplejpeg converts correctly
+_WIDE_GRAY = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N"})  # Pillow reads 16-bit gray (PNG, PGM, TIFF) so
+
+
+class ImageFolder:
+    """A classification dataset laid out as ``root/<class name>/.../<image file>``.
+
+    Sample ``i`` is ``{"x": uint8 array (h, w, channels), "y": int64 label}``.
+
+    Guarantees:
+
+    * **Labels**: the class sub-folders of ``root``, sorted by name, are labels 0, 1, ...
+      (``classes``, ``class_to_label``). Images are found recursively under each class
+      folder (by extension, case-insensitive), sorted by path: the same tree always gives
+      the same ids. ``files[i]`` and ``labels[i]`` describe sample ``i``. Names starting
+      with ``.`` are ignored (``.git``, macOS ``._x.jpg`` companions). Symlinked files and
+      folders are followed; a folder reached twice (including a link loop) is listed once.
+    * **Pixels**: ``channels`` 1, 3 or 4 (gray, RGB, RGBA), 8 bits each. Alpha is
+      *dropped* for 1 or 3 channels (the stored colour is kept, as Keras ``load_img`` and
+      torchvision do), kept for 4 (opaque images get alpha 255). 16-bit images are scaled
+      to 8 bits (high byte), never clipped to white. Palette, CMYK and bilevel images are
+      converted by Pillow. Multi-frame files (GIF, TIFF) give their first frame. EXIF
+      orientation and ICC profiles are not applied: pixels are as stored.
+    * **Size**: with ``size=(h, w)`` every image is resized to exactly that (aspect ratio
+      not kept). JPEGs that are at least twice as large are first DCT-scaled down while
+      decoding (much cheaper), then resized exactly. Without ``size`` images keep their
+      own size, and a batch mixing sizes fails with the loader's shape-mismatch error.
+    * **Untrusted files**: a file over ``max_bytes`` is refused after reading at most that
+      much; an image whose header claims more than ``max_pixels`` pixels is refused before
+      any pixel memory is allocated (Pillow's own ``Image.MAX_IMAGE_PIXELS`` check also
+      applies to non-JPEG files). A corrupt, truncated or unreadable file raises
+      :class:`DataError` naming it from ``__getitem__`` (the loader's ``SampleError``,
+      or a quarantine entry under ``on_error="skip"``); truncated JPEGs are never padded.
+    * Pickles as paths and settings (no open files) and is safe to call from many threads.
+
+    Construction raises ``FileNotFoundError`` for a missing root and :class:`DataError`
+    for a root without class folders or a class folder without images.
+    """
+
+    def __init__(self, root, size=None, channels=3, *, extensions=IMAGE_EXTENSIONS,
+                 max_pixels=MAX_PIXELS, max_bytes=MAX_BYTES):
+        if channels not in _PIL_MODES:
+            raise ValueError(f"channels must be 1, 3 or 4, got {channels!r}")
+        self.root = os.path.abspath(os.fspath(root))
+        self.size = _check_size(size)
+        self.channels = channels
+        self.max_pixels, self.max_bytes = int(max_pixels), int(max_bytes)
+        self.extensions = frozenset("." + e.lower().lstrip(".") for e in extensions)
+        self.classes = _class_names(self.root)
+        self.class_to_label = {name: label for label, name in enumerate(self.classes)}
+        per_class = [_image_files(os.path.join(self.root, name), self.extensions) for name in self.classes]
+        self.files = [path for found in per_class for path in found]
+        self.labels = np.repeat(np.arange(len(per_class), dtype=np.int64), [len(f) for f in per_class])
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> dict:
+        if not 0 <= i < len(self.files):
+            raise IndexError(f"sample id {i} out of range for ImageFolder of length {len(self.files)}")
+        return {"x": self.load(self.files[i]), "y": self.labels[i]}
+
+    def locate(self, i: int) -> str:
+        return self.files[i]
+
+    def fingerprint(self) -> str:
+        """Changes when a file is added, removed, renamed or modified, or the output settings change."""
+        settings = f"ImageFolder size={self.size} channels={self.channels}\n".encode()
+        return hashlib.sha256(settings + file_fingerprint(self.files).encode()).hexdigest()
+
+    def load(self, path) -> np.ndarray:
+        """One image file decoded as this folder's samples are (any path, not only ours)."""
+        data = _read(path, self.max_bytes)
+        try:
+            image = self._jpeg(data, path) if data[:2] == b"\xff\xd8" else None
+            if image is None:
+                image = self._pillow(data, path)
+            return self._finish(image)
+        except DataError:
+            raise
+        except Exception as exc:  # untrusted bytes make decoders raise anything; name the file
+            raise DataError(f"{path}: not a decodable image ({type(exc).__name__}: {exc})") from exc
+
+    def _jpeg(self, data: bytes, path) -> np.ndarray | None:
+        """simplejpeg's strict decode, or None for the JPEGs Pillow should decode instead."""
+        try:
+            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        except ValueError:
+            return None  # a header libjpeg-turbo's fast path cannot describe: let Pillow judge it
+        if colorspace not in _SIMPLEJPEG_SOURCES:
+            return None
+        self._check_pixels(path, width, height)
+        min_h, min_w = self.size or (0, 0)
+        # scale factors under 2 decode slower than a full decode (simplejpeg's own advice)
+        return simplejpeg.decode_jpeg(data, _JPEG_MODES[self.channels], min_height=min_h, min_width=min_w,
+                                      min_factor=2)
+
+    def _pillow(self, data: bytes, path) -> Image.Image:
+        image = Image.open(io.BytesIO(data))  # reads the header only
+        self._check_pixels(path, *image.size)
+        return _convert(image, _PIL_MODES[self.channels])
+
+    def _check_pixels(self, path, width: int, height: int) -> None:
+        if width * height > self.max_pixels:
+            raise DataError(f"{path}: header says {width}x{height} = {width * height:,} pixels, more than "
+                            f"max_pixels={self.max_pixels:,}; refused before decoding (a decompression bomb?)")
+
+    def _finish(self, image: np.ndarray | Image.Image) -> np.ndarray:
+        """The exact output size and an (h, w, channels) array."""
+        if isinstance(image, np.ndarray):
+            if self.size is None or image.shape[:2] == self.size:
+                return image
+            image = Image.fromarray(image[..., 0] if self.channels == 1 else image)
+        if self.size is not None and image.size != self.size[::-1]:
+            image = image.resize(self.size[::-1], RESAMPLE)
+        return np.array(image).reshape(image.height, image.width, self.channels)  # a writable copy
+
+    def __repr__(self) -> str:
+        return (f"ImageFolder({self.root!r}, {len(self.files)} images, {len(self.classes)} classes, "
+                f"size={self.size}, channels={self.channels})")
+
+
+def _check_size(size) -> tuple[int, int] | None:
+    if size is None:
+        return None
+    try:
+        h, w = (int(v) for v in size)
+    except (TypeError, ValueError):
+        raise ValueError(f"size must be None or (height, width), got {size!r}") from None
+    if h <= 0 or w <= 0:
+        raise ValueError(f"size must be positive, got {size!r}")
+    return h, w
+
+
+def _class_names(root: str) -> list[str]:
+    expected = "expected root/<class name>/<image files>"
+    if not os.path.exists(root):
+        raise FileNotFoundError(f"ImageFolder root {root} does not exist; {expected}")
+    if not os.path.isdir(root):
+        raise DataError(f"ImageFolder root {root} is not a directory; {expected}")
+    with os.scandir(root) as entries:
+        names = sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
+    if not names:
+        raise DataError(f"ImageFolder root {root} has no class sub-folders; {expected}")
+    return names
+
+
+def _image_files(class_dir: str, extensions: frozenset) -> list[str]:
+    """Image files under ``class_dir``, recursively and sorted; each real folder is listed once."""
+    found, seen = [], set()
+    for dirpath, dirnames, filenames in os.walk(class_dir, onerror=_unlistable, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:  # a link loop or a second link to the same folder
+            dirnames.clear()
+            continue
+        seen.add(real)
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        found += [os.path.join(dirpath, f) for f in filenames
+                  if not f.startswith(".") and os.path.splitext(f)[1].lower() in extensions]
+    if not found:
+        raise DataError(f"class folder {class_dir} holds no image files; expected files ending in "
+                        f"{', '.join(sorted(extensions))}")
+    return sorted(found)
+
+
+def _unlistable(err: OSError) -> None:
+    raise DataError(f"cannot list {err.filename}: {err.strerror}; expected a readable folder") from err
+
+
+def _read(path, max_bytes: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)  # never more, whatever the file claims to be
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror or exc}); expected a readable image file") from exc
+    if len(data) > max_bytes:
+        raise DataError(f"{path}: larger than max_bytes={max_bytes:,}; refused without decoding")
+    return data
+
+
+def _convert(image: Image.Image, mode: str) -> Image.Image:
+    """``image`` in ``mode`` ("L", "RGB" or "RGBA"), 8 bits per channel."""
+    if image.mode in _WIDE_GRAY:  # Pillow's own convert clips these at 255 (white); keep the high byte
+        image = Image.fromarray((np.clip(np.asarray(image), 0, 65535) >> 8).astype(np.uint8))
+    elif image.mode == "F":
+        raise ValueError("32-bit float pixels have no agreed 8-bit scale; expected 8- or 16-bit integer pixels")
+    elif image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")  # the route Pillow asks for (it warns on P -> RGB with transparency)
+    return image.convert(mode)

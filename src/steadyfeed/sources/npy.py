@@ -1,0 +1,249 @@
+"""Sources over ``.npy`` files, read without ``np.load`` and never unpickling anything.
+
+* :class:`NpyPairs`: one file per sample, ``inputs/NAME.npy`` paired with ``labels/NAME.npy``.
+* :class:`NpyArray`: rows of large ``.npy`` files, memory-mapped read-only in each process.
+
+Both read every header with numpy's own ``np.lib.format`` helpers and check it against
+the file's size before allocating anything, so a truncated or hostile file is a
+:class:`~steadyfeed.DataError` naming the file and the sizes, never a huge allocation.
+Object (pickled) arrays are refused, as ``np.load(..., allow_pickle=False)`` does.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import io
+import math
+import os
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import DataError
+from .base import LazyHandles, MappedFile, file_fingerprint
+
+_FIRST_READ = 256  # np.save pads headers to 64 bytes: 128 for ordinary dtypes and shapes
+_LENGTH_FIELD = {(1, 0): "<H", (2, 0): "<I"}  # how each version stores its header length
+_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+_SHOWN = 10  # names listed in an unpaired-files error
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where and how the array of a .npy file lies: everything its header says."""
+
+    dtype: np.dtype
+    shape: tuple
+    order: str  # "C" or "F"
+    offset: int  # first data byte
+    nbytes: int
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_header(header: bytes) -> _Layout:
+    """The layout a header describes. Cached by the header's bytes: files whose headers are
+    byte-identical (same dtype and shape) are parsed once per process, which is most of the
+    saving over ``np.load``."""
+    fp = io.BytesIO(header)
+    version = np.lib.format.read_magic(fp)
+    shape, fortran, dtype = _HEADER_READERS[version](fp)
+    return _Layout(dtype, shape, "F" if fortran else "C", len(header), math.prod(shape) * dtype.itemsize)
+
+
+def _header(fd: int, size: int) -> bytes:
+    """The header bytes (magic to padding), read with pread only after checking they fit in the file."""
+    head = os.pread(fd, _FIRST_READ, 0)
+    version = np.lib.format.read_magic(io.BytesIO(head))  # ValueError unless the magic string is right
+    if version not in _LENGTH_FIELD:
+        raise ValueError(f"format version {version[0]}.{version[1]} is not supported (only 1.0 and 2.0)")
+    field = _LENGTH_FIELD[version]
+    start = np.lib.format.MAGIC_LEN + struct.calcsize(field)
+    if len(head) < start:
+        raise ValueError(f"the header length field is cut off ({size} bytes in all)")
+    end = start + struct.unpack_from(field, head, np.lib.format.MAGIC_LEN)[0]
+    if end > size:
+        raise ValueError(f"the header claims {end} bytes but the file has {size}")
+    return head[:end] if end <= len(head) else head + os.pread(fd, end - len(head), len(head))
+
+
+def _layout(fd: int, path: str) -> _Layout:
+    """The checked layout of the open .npy file ``path``: readable without pickles and exactly
+    as long as its header says."""
+    size = os.fstat(fd).st_size
+    try:
+        layout = _parse_header(_header(fd, size))
+    except ValueError as exc:
+        raise DataError(f"{path}: not a readable .npy file: {exc}") from None
+    if layout.dtype.hasobject:
+        raise DataError(
+            f"{path}: holds Python objects (dtype {layout.dtype}), which .npy stores as a pickle; "
+            "steadyfeed never loads pickles (allow_pickle=False): save a numeric array instead"
+        )
+    expected = layout.offset + layout.nbytes
+    if size != expected:
+        raise DataError(
+            f"{path}: {'truncated' if size < expected else 'trailing bytes'}: expected {expected} bytes "
+            f"(header {layout.offset} + {layout.dtype} {layout.shape} data {layout.nbytes}), file has {size}"
+        )
+    return layout
+
+
+def _read_into(fd: int, out: np.ndarray, offset: int, path: str) -> None:
+    """Fill ``out`` with the file's bytes from ``offset``; pread keeps threads off any shared position."""
+    view = memoryview(out.reshape(-1, order="A").view(np.uint8))
+    while view:
+        n = os.preadv(fd, [view], offset)
+        if n == 0:
+            raise DataError(f"{path}: file shrank while being read ({len(view)} bytes missing at offset {offset})")
+        view, offset = view[n:], offset + n
+
+
+def read_npy(path: str) -> np.ndarray:
+    """The array in ``path``, bit-identical to ``np.load(path, allow_pickle=False)`` (dtype, byte
+    order, shape, memory order) and freshly allocated. Raises DataError naming the file for a
+    malformed, truncated or object (pickled) file. Safe to call from many threads at once."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        layout = _layout(fd, path)
+        out = np.empty(layout.shape, layout.dtype, order=layout.order)
+        if layout.nbytes:
+            _read_into(fd, out, layout.offset, path)
+        return out
+    finally:
+        os.close(fd)
+
+
+def _npy_names(directory: str, role: str) -> set[str]:
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, f"NpyPairs {role} directory not found", directory) from None
+    # broken symlinks are kept (is_dir is False for them) so they fail loudly on read, never vanish
+    names = {e.name for e in entries if e.name.endswith(".npy") and not e.is_dir()}
+    if not names:
+        raise DataError(f"NpyPairs {role} directory {directory} has no .npy files")
+    return names
+
+
+def _unpaired(side: set[str], other: set[str], directory: str, other_dir: str) -> str:
+    lonely = sorted(side - other)
+    shown = ", ".join(lonely[:_SHOWN]) + (", ..." if len(lonely) > _SHOWN else "")
+    return f"{len(lonely)} file(s) in {directory} have no match in {other_dir}: {shown}" if lonely else ""
+
+
+class NpyPairs:
+    """Sample ``i`` is ``{"x": inputs_dir/NAME.npy, "y": labels_dir/NAME.npy}`` for the i-th NAME
+    in sorted order; both directories must hold exactly the same ``*.npy`` names.
+
+    Construction lists the directories only (no file is opened): a missing directory is
+    FileNotFoundError, an empty one or unpaired names a DataError listing them. Each read
+    parses the header (cached per distinct header) and preads the data straight into a
+    fresh array; a bad file is a DataError naming it, pinned on its sample by the loader.
+    Holds no open files, so it pickles small and is safe to share between threads.
+    """
+
+    def __init__(self, inputs_dir: str | os.PathLike, labels_dir: str | os.PathLike):
+        self.dirs = {"x": os.fspath(inputs_dir), "y": os.fspath(labels_dir)}
+        inputs, labels = _npy_names(self.dirs["x"], "inputs"), _npy_names(self.dirs["y"], "labels")
+        problems = [_unpaired(inputs, labels, self.dirs["x"], self.dirs["y"]),
+                    _unpaired(labels, inputs, self.dirs["y"], self.dirs["x"])]
+        if any(problems):
+            raise DataError("NpyPairs pairs files by name; " + "; ".join(p for p in problems if p))
+        self.names = sorted(inputs)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def paths(self, i: int) -> dict[str, str]:
+        if not 0 <= i < len(self.names):
+            raise IndexError(f"sample id {i} out of range for NpyPairs of length {len(self.names)}")
+        return {key: os.path.join(d, self.names[i]) for key, d in self.dirs.items()}
+
+    def __getitem__(self, i: int) -> dict:
+        return {key: read_npy(path) for key, path in self.paths(i).items()}
+
+    def locate(self, i: int) -> str:
+        return ", ".join(self.paths(i).values())
+
+    def fingerprint(self) -> str:
+        return file_fingerprint(path for i in range(len(self)) for path in self.paths(i).values())
+
+    def __repr__(self) -> str:
+        return f"NpyPairs({self.dirs['x']!r}, {self.dirs['y']!r}, {len(self)} pairs)"
+
+
+def _open_mapping(spec: MappedFile) -> np.memmap:
+    try:
+        return spec.open()
+    except ValueError as exc:  # numpy's message does not name the file
+        raise DataError(f"{spec.filename}: cannot map {spec.dtype} {spec.shape} from byte {spec.offset} "
+                        f"(changed since the source was built?): {exc}") from exc
+
+
+def _forget(_mapping) -> None:
+    """Closing an mmap that a live row still views raises; dropping it unmaps once the last view is gone."""
+
+
+def _checked_mapping(path: str) -> MappedFile:
+    """How to map ``path`` read-only, from its checked header (object arrays and 0-d arrays refused)."""
+    fd = os.open(path, os.O_RDONLY)  # FileNotFoundError names the path
+    try:
+        layout = _layout(fd, path)
+    finally:
+        os.close(fd)
+    if not layout.shape:
+        raise DataError(f"{path}: holds a 0-d {layout.dtype} array; NpyArray needs rows (one dimension or more)")
+    return MappedFile(path, layout.offset, layout.dtype, layout.shape, layout.order)
+
+
+class NpyArray:
+    """Serves ``{name: array[i]}`` for row ``i`` of large ``.npy`` files, e.g.
+    ``NpyArray(x="x.npy", y="y.npy")`` (the same shape of call as ArraySource).
+
+    Nothing is loaded: each process maps the files read-only on first use, and the source
+    pickles as paths and headers only. All files must have the same number of rows
+    (DataError naming files and lengths). Rows come back as fresh arrays, so a sample never
+    pins the mapping; ``read_many`` gathers a batch in sorted row order (sequential pages).
+    """
+
+    def __init__(self, **paths: str | os.PathLike):
+        if not paths:
+            raise ValueError("NpyArray needs at least one named file, e.g. NpyArray(x='x.npy', y='y.npy')")
+        self.files = {name: _checked_mapping(os.fspath(p)) for name, p in paths.items()}
+        lengths = {f.filename: f.shape[0] for f in self.files.values()}
+        if len(set(lengths.values())) != 1:
+            raise DataError(f"NpyArray files must have the same number of rows, got {lengths}")
+        self._len = next(iter(lengths.values()))
+        self._maps = LazyHandles(_open_mapping, _forget)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _arrays(self) -> dict[str, np.memmap]:
+        return {name: self._maps.get(f) for name, f in self.files.items()}
+
+    def __getitem__(self, i: int) -> dict:
+        if not 0 <= i < self._len:
+            raise IndexError(f"sample id {i} out of range for NpyArray of length {self._len}")
+        return {name: np.array(a[i]) for name, a in self._arrays().items()}
+
+    def read_many(self, ids) -> list[dict]:
+        rows, back = np.unique(np.asarray(ids, dtype=np.int64), return_inverse=True)  # sorted, deduplicated
+        if len(rows) and not (0 <= rows[0] and rows[-1] < self._len):
+            raise IndexError(f"sample ids {rows[0]}..{rows[-1]} out of range for NpyArray of length {self._len}")
+        blocks = {name: np.asarray(a[rows]) for name, a in self._arrays().items()}
+        return [{name: block[k] for name, block in blocks.items()} for k in back]
+
+    def locate(self, i: int) -> str:
+        return f"row {i} of " + ", ".join(f.filename for f in self.files.values())
+
+    def fingerprint(self) -> str:
+        return file_fingerprint(f.filename for f in self.files.values())
+
+    def close(self) -> None:
+        self._maps.close()
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{k}={f.dtype}{list(f.shape)}" for k, f in self.files.items())
+        return f"NpyArray({shapes})"

@@ -1,0 +1,325 @@
+""".npy sources: NpyPairs (a file per sample, paired by name) and NpyArray (rows of big files).
+
+Every file is written here with np.save; every read is checked against np.load.
+"""
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from steadyfeed import DataError, Loader, SampleError
+from steadyfeed.sources.npy import NpyArray, NpyPairs, read_npy
+
+from helpers import assert_paired, label_of
+
+pytestmark = pytest.mark.timeout(60)
+
+WIDTH = 4
+MODES = ["thread", "process"]
+
+
+def x_of(i: int) -> np.ndarray:
+    return np.arange(i * WIDTH, (i + 1) * WIDTH, dtype=np.float64)  # what assert_paired expects of row i
+
+
+def write_pairs(root, n, name=lambda i: f"{i:04d}.npy"):
+    """inputs/NAME holds x_of(i), labels/NAME holds label_of(x) (0-d): y = f(x) for every pair."""
+    inputs, labels = root / "inputs", root / "labels"
+    inputs.mkdir(exist_ok=True)
+    labels.mkdir(exist_ok=True)
+    for i in range(n):
+        np.save(inputs / name(i), x_of(i))
+        np.save(labels / name(i), label_of(x_of(i)[None])[0])
+    return inputs, labels
+
+
+def assert_same_array(got: np.ndarray, want: np.ndarray) -> None:
+    assert (got.dtype, got.shape, got.flags.c_contiguous, got.flags.f_contiguous) == \
+        (want.dtype, want.shape, want.flags.c_contiguous, want.flags.f_contiguous)
+    assert got.tobytes(order="A") == want.tobytes(order="A")
+
+
+def delivered(loader) -> np.ndarray:
+    batches = list(loader)
+    for b in batches:
+        assert_paired(b)
+    return np.concatenate([b["id"] for b in batches])
+
+
+def truncate(path, keep: int) -> int:
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(keep)
+    return size
+
+
+# -- the reader -----------------------------------------------------------------------------
+ARRAYS = {
+    "float32": np.random.default_rng(0).random((5, 6), dtype=np.float32),
+    "fortran_big_endian": np.asfortranarray(np.arange(60, dtype=">i4").reshape(3, 4, 5)),
+    "scalar": np.array(2.5),
+    "empty": np.zeros((0, 3), np.int16),
+    "structured": np.array([(1, (2.0, 3.0))], dtype=[("a", "<i4"), ("b", ">f8", (2,))]),
+    "unicode": np.array(["héllo", "数据"]),
+    "bool": np.array([[True], [False]]),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ARRAYS))
+def test_read_npy_is_bit_identical_to_np_load(tmp_path, kind):
+    path = tmp_path / f"{kind}.npy"
+    np.save(path, ARRAYS[kind])
+    got = read_npy(str(path))
+    assert_same_array(got, np.load(path))
+    assert got.flags.writeable and got.flags.owndata
+
+
+def test_fortran_order_comes_back_right(tmp_path):
+    a = np.asfortranarray(np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+    np.save(tmp_path / "f.npy", a)
+    got = read_npy(str(tmp_path / "f.npy"))
+    assert got.flags.f_contiguous and not got.flags.c_contiguous
+    np.testing.assert_array_equal(got, a)
+    assert got[1, 2, 3] == 23
+
+
+def test_object_npy_is_refused_without_running_its_pickle(tmp_path):
+    class Boom:  # unpickling this object creates a file: a stand-in for arbitrary code
+        def __init__(self, marker):
+            self.marker = str(marker)
+
+        def __reduce__(self):
+            return (open, (self.marker, "w"))
+
+    inputs, labels = write_pairs(tmp_path, 2)
+    np.save(inputs / "0001.npy", np.array([Boom(tmp_path / "pwned")], dtype=object), allow_pickle=True)
+    with pytest.raises(DataError, match=r"0001\.npy.*dtype object.*never loads pickles"):
+        NpyPairs(inputs, labels)[1]
+    assert not (tmp_path / "pwned").exists()
+    np.load(inputs / "0001.npy", allow_pickle=True)  # proof that the file really is hostile
+    assert (tmp_path / "pwned").exists()
+
+
+def test_hostile_header_is_refused_before_allocating(tmp_path):
+    path = tmp_path / "huge.npy"
+    with open(path, "wb") as f:  # claims 8 TB of data in a file of a few hundred bytes
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": False, "shape": (10**12,)})
+        f.write(b"\0" * 64)
+    with pytest.raises(DataError, match=r"huge\.npy: truncated: expected 8000000000\d+ bytes.*file has \d+"):
+        read_npy(str(path))
+    with open(path, "r+b") as f:  # a header length field pointing far past the end of the file
+        f.seek(8)
+        f.write(b"\xff\xff")
+    with pytest.raises(DataError, match=r"huge\.npy: not a readable .npy file: the header claims 65545 bytes"):
+        read_npy(str(path))
+
+
+def test_not_an_npy_file_is_a_data_error_naming_it(tmp_path):
+    (tmp_path / "text.npy").write_text("just some text, not an array")
+    with pytest.raises(DataError, match=r"text\.npy: not a readable .npy file.*magic string"):
+        read_npy(str(tmp_path / "text.npy"))
+
+
+def test_truncated_npy_names_file_and_sizes(tmp_path):
+    np.save(tmp_path / "t.npy", np.zeros(100, np.float32))
+    size = truncate(tmp_path / "t.npy", 300)
+    assert size == 528
+    expected = r"t\.npy: truncated: expected 528 bytes \(header 128 \+ float32 \(100,\) data 400\), file has 300"
+    with pytest.raises(DataError, match=expected):
+        read_npy(str(tmp_path / "t.npy"))
+
+
+def test_header_cache_is_shared_by_identical_headers_only(tmp_path):
+    from steadyfeed.sources import npy
+
+    npy._parse_header.cache_clear()
+    for i in range(5):
+        np.save(tmp_path / f"same{i}.npy", np.full((3, 2), i, np.float32))
+    np.save(tmp_path / "other.npy", np.zeros((2, 3), np.float32))
+    for i in range(5):
+        np.testing.assert_array_equal(read_npy(str(tmp_path / f"same{i}.npy")), np.full((3, 2), i))
+    np.testing.assert_array_equal(read_npy(str(tmp_path / "other.npy")), np.zeros((2, 3)))
+    info = npy._parse_header.cache_info()
+    assert (info.misses, info.hits) == (2, 4)
+
+
+# -- NpyPairs: construction ---------------------------------------------------------------
+def test_pairs_by_sorted_name(tmp_path):
+    inputs, labels = tmp_path / "in", tmp_path / "lab"
+    inputs.mkdir()
+    labels.mkdir()
+    for name, value in [("b.npy", 2), ("a.npy", 1), ("c.npy", 3)]:
+        np.save(inputs / name, np.array([value]))
+        np.save(labels / name, np.array(value * 10))
+    (inputs / "notes.txt").write_text("ignored: not .npy")
+    src = NpyPairs(inputs, labels)
+    assert src.names == ["a.npy", "b.npy", "c.npy"]
+    assert [(int(s["x"][0]), int(s["y"])) for s in (src[i] for i in range(3))] == [(1, 10), (2, 20), (3, 30)]
+    assert src.locate(1) == f"{inputs / 'b.npy'}, {labels / 'b.npy'}"
+    with pytest.raises(IndexError):
+        src[3]
+
+
+def test_unpaired_names_are_listed_with_counts(tmp_path):
+    inputs, labels = write_pairs(tmp_path, 3)
+    for i in range(12):
+        np.save(inputs / f"extra{i:02d}.npy", np.zeros(1))
+    np.save(labels / "orphan.npy", np.zeros(1))
+    with pytest.raises(DataError) as info:
+        NpyPairs(inputs, labels)
+    message = str(info.value)
+    assert f"12 file(s) in {inputs} have no match in {labels}: extra00.npy, " in message
+    assert "extra09.npy, ..." in message and "extra10.npy" not in message  # first 10 only
+    assert f"1 file(s) in {labels} have no match in {inputs}: orphan.npy" in message
+
+
+def test_empty_directory_is_a_data_error(tmp_path):
+    inputs, labels = write_pairs(tmp_path, 2)
+    for path in labels.iterdir():
+        path.unlink()
+    with pytest.raises(DataError, match=f"labels directory {labels} has no .npy files"):
+        NpyPairs(inputs, labels)
+
+
+def test_missing_directory_names_it(tmp_path):
+    inputs, _ = write_pairs(tmp_path, 2)
+    with pytest.raises(FileNotFoundError, match=r"labels directory not found: .*nowhere"):
+        NpyPairs(inputs, tmp_path / "nowhere")
+
+
+def test_non_ascii_names_and_symlinks_just_work(tmp_path):
+    (tmp_path / "real").mkdir()
+    inputs, labels = write_pairs(tmp_path / "real", 3, name=lambda i: f"{i:02d}_échantillon_数据.npy")
+    linked_inputs = tmp_path / "inputs_link"  # a symlinked directory
+    linked_inputs.symlink_to(inputs, target_is_directory=True)
+    labels_of_links = tmp_path / "labels_links"  # a directory of symlinked files
+    labels_of_links.mkdir()
+    for path in labels.iterdir():
+        (labels_of_links / path.name).symlink_to(path)
+    src = pickle.loads(pickle.dumps(NpyPairs(linked_inputs, labels_of_links)))
+    assert src.names[2] == "02_échantillon_数据.npy"
+    with Loader(src, 2, with_ids=True) as loader:
+        assert sorted(delivered(loader).tolist()) == [0, 1, 2]
+
+
+def test_broken_symlink_fails_loudly_on_read(tmp_path):
+    inputs, labels = write_pairs(tmp_path, 2)
+    (labels / "0001.npy").unlink()
+    (labels / "0001.npy").symlink_to(tmp_path / "gone.npy")
+    src = NpyPairs(inputs, labels)  # listed, not silently dropped
+    with pytest.raises(FileNotFoundError, match="0001.npy"):
+        src[1]
+
+
+def test_fingerprint_changes_when_a_file_changes(tmp_path):
+    inputs, labels = write_pairs(tmp_path, 3)
+    src = NpyPairs(inputs, labels)
+    before = src.fingerprint()
+    assert before == NpyPairs(inputs, labels).fingerprint()
+    np.save(labels / "0002.npy", np.zeros(7))
+    assert src.fingerprint() != before
+
+
+# -- NpyPairs through the Loader ----------------------------------------------------------
+@pytest.mark.parametrize("mode", MODES)
+def test_pairs_exactly_once_through_workers(tmp_path, mode, no_leaks):
+    n = 150
+    inputs, labels = write_pairs(tmp_path, n, name=lambda i: f"{i:04d}_ü.npy")
+    src = NpyPairs(inputs, labels)
+    assert len(pickle.dumps(src)) < 100 * n  # names only, no data
+    with Loader(src, 16, shuffle=True, seed=3, workers=2, mode=mode, with_ids=True) as loader:
+        for epoch in range(2):
+            assert sorted(delivered(loader).tolist()) == list(range(n)), epoch
+
+
+def test_mismatched_shapes_in_one_batch_name_both_ids_and_shapes(tmp_path, no_leaks):
+    inputs, labels = write_pairs(tmp_path, 6)
+    np.save(inputs / "0004.npy", np.zeros((2, 3)))
+    with Loader(NpyPairs(inputs, labels), 6, workers=2, mode="thread") as loader:
+        with pytest.raises(SampleError) as info:
+            list(loader)
+    err = info.value
+    assert err.sample_id == 4 and err.location.startswith(str(inputs / "0004.npy"))
+    assert "sample 4 has shape (2, 3) float64 but sample 0 (first of its batch) has shape (4,) float64" in str(err)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_truncated_file_is_quarantined_and_the_rest_delivered_once(tmp_path, mode, no_leaks):
+    n = 40
+    inputs, labels = write_pairs(tmp_path, n)
+    size = truncate(labels / "0007.npy", 130)  # the header survives, the data is cut
+    with Loader(NpyPairs(inputs, labels), 8, workers=2, mode=mode, with_ids=True, on_error="skip") as loader:
+        assert sorted(delivered(loader).tolist()) == sorted(set(range(n)) - {7})
+        (entry,) = loader.quarantine_report()
+    assert entry["sample_id"] == 7 and entry["error_type"] == "DataError"
+    assert str(labels / "0007.npy") in entry["location"]
+    assert f"0007.npy: truncated: expected {size} bytes" in entry["message"] and "file has 130" in entry["message"]
+
+
+def test_truncated_data_raises_sample_error_naming_file_and_sizes(tmp_path, no_leaks):
+    inputs, labels = write_pairs(tmp_path, 10)
+    size = truncate(inputs / "0003.npy", 140)
+    with Loader(NpyPairs(inputs, labels), 4, workers=2, mode="thread") as loader:
+        with pytest.raises(SampleError) as info:
+            list(loader)
+    assert info.value.sample_id == 3 and info.value.attempts == 1
+    assert f"0003.npy: truncated: expected {size} bytes" in str(info.value) and "file has 140" in str(info.value)
+
+
+# -- NpyArray ----------------------------------------------------------------------------------
+@pytest.fixture
+def big(tmp_path):
+    x = np.arange(500 * 6, dtype=np.float32).reshape(500, 6)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "f.npy", np.asfortranarray(x * 2))
+    np.save(tmp_path / "y.npy", label_of(x))
+    return tmp_path
+
+
+def test_npyarray_rows_match_np_load_and_pickle_small(big):
+    src = NpyArray(x=big / "x.npy", f=big / "f.npy", y=big / "y.npy")
+    blob = pickle.dumps(src)
+    assert len(blob) < 2000  # 24 KB of data did not travel
+    back = pickle.loads(blob)
+    full = {k: np.load(big / f"{k}.npy") for k in "xfy"}
+    for i in (0, 123, 499):
+        for key, arr in back[i].items():
+            assert_same_array(arr, np.array(full[key][i]))
+    ids = [400, 3, 3, 250, 0]  # unsorted, with a repeat
+    for sample, i in zip(back.read_many(ids), ids):
+        for key, arr in sample.items():
+            np.testing.assert_array_equal(arr, full[key][i])
+    assert back.locate(7) == f"row 7 of {big / 'x.npy'}, {big / 'f.npy'}, {big / 'y.npy'}"
+    back.close()
+
+
+def test_npyarray_lengths_must_match(big):
+    np.save(big / "short.npy", np.zeros(499))
+    with pytest.raises(DataError, match=r"same number of rows.*x\.npy': 500.*short\.npy': 499"):
+        NpyArray(x=big / "x.npy", y=big / "short.npy")
+
+
+def test_npyarray_refuses_missing_truncated_and_object_files(big):
+    with pytest.raises(FileNotFoundError, match="nothing.npy"):
+        NpyArray(x=big / "nothing.npy")
+    src = NpyArray(y=big / "y.npy")
+    truncate(big / "y.npy", 1000)
+    with pytest.raises(DataError, match=r"y\.npy: truncated: expected 4128 bytes"):
+        NpyArray(y=big / "y.npy")
+    with pytest.raises(DataError, match=r"y\.npy: cannot map float64 \(500,\) from byte 128 \(changed since"):
+        src[0]  # cut after the source was built, before it mapped the file
+    np.save(big / "obj.npy", np.array([None, 1], dtype=object), allow_pickle=True)
+    with pytest.raises(DataError, match=r"obj\.npy: holds Python objects"):
+        NpyArray(x=big / "obj.npy")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_npyarray_exactly_once_through_workers(big, mode, no_leaks):
+    src = NpyArray(x=big / "x.npy", y=big / "y.npy")
+    with Loader(src, 32, shuffle=True, workers=2, mode=mode, with_ids=True) as loader:
+        batches = list(loader)
+    for b in batches:
+        np.testing.assert_array_equal(b["y"], label_of(b["x"]))
+        np.testing.assert_array_equal(b["x"][:, 0] / 6, b["id"])
+    assert sorted(np.concatenate([b["id"] for b in batches]).tolist()) == list(range(500))
