@@ -5,6 +5,8 @@ from .loader import Loader
 from .sampling import SequentialSampler, ShuffleSampler, WeightedSampler, sample_rng
 from .sources import ArraySource, NpyArray, NpyPairs
 
+from . import sources as _sources
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -22,4 +24,11 @@ __all__ = [
     "WeightedSampler",
     "WorkerDied",
     "sample_rng",
+    *_sources.OPTIONAL,
 ]
+
+
+def __getattr__(name: str):
+    if name in _sources.OPTIONAL:  # optional-dependency sources load on first use
+        return getattr(_sources, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

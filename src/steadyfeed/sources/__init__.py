@@ -1,6 +1,23 @@
-"""Sources: random-access datasets. See ``base.py`` for the protocol."""
+"""Sources: random-access datasets. See ``base.py`` for the protocol.
+
+Sources that need an optional package (Pillow, h5py, protobuf) are imported on first
+use, so ``import steadyfeed`` needs numpy alone.
+"""
+import importlib
+
 from .array import ArraySource
 from .base import Source
 from .npy import NpyArray, NpyPairs, read_npy
 
-__all__ = ["ArraySource", "NpyArray", "NpyPairs", "Source", "read_npy"]
+# name -> module that defines it, imported when the name is first used
+OPTIONAL = {
+    "ImageFolder": ".images",
+}
+
+__all__ = ["ArraySource", "NpyArray", "NpyPairs", "Source", "read_npy", *OPTIONAL]
+
+
+def __getattr__(name: str):
+    if name in OPTIONAL:
+        return getattr(importlib.import_module(OPTIONAL[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -33,7 +33,8 @@ RESAMPLE = Image.Resampling.BILINEAR  # Pillow's is antialiased when shrinking, 
 _PIL_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 _JPEG_MODES = {1: "GRAY", 3: "RGB", 4: "RGBA"}
 _SIMPLEJPEG_SOURCES = frozenset({"Gray", "YCbCr", "RGB"})  # header colorspaces simplejpeg converts correctly
-_WIDE_GRAY = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N"})  # Pillow reads 16-bit gray (PNG, PGM, TIFF) so
+# the modes Pillow gives 16-bit gray images (PNG, TIFF: "I;16*"; PGM: "I", scaled to 0..65535)
+_WIDE_GRAY = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N"})
 
 
 class ImageFolder:
@@ -48,7 +49,8 @@ class ImageFolder:
       folder (by extension, case-insensitive), sorted by path: the same tree always gives
       the same ids. ``files[i]`` and ``labels[i]`` describe sample ``i``. Names starting
       with ``.`` are ignored (``.git``, macOS ``._x.jpg`` companions). Symlinked files and
-      folders are followed; a folder reached twice (including a link loop) is listed once.
+      folders are followed; a folder reached twice within a class (a link loop, say) is
+      listed once.
     * **Pixels**: ``channels`` 1, 3 or 4 (gray, RGB, RGBA), 8 bits each. Alpha is
       *dropped* for 1 or 3 channels (the stored colour is kept, as Keras ``load_img`` and
       torchvision do), kept for 4 (opaque images get alpha 255). 16-bit images are scaled
@@ -59,10 +61,10 @@ class ImageFolder:
       not kept). JPEGs that are at least twice as large are first DCT-scaled down while
       decoding (much cheaper), then resized exactly. Without ``size`` images keep their
       own size, and a batch mixing sizes fails with the loader's shape-mismatch error.
-    * **Untrusted files**: a file over ``max_bytes`` is refused after reading at most that
-      much; an image whose header claims more than ``max_pixels`` pixels is refused before
+    * **Untrusted files**: a file over ``max_bytes`` is refused without reading more than
+      that; an image whose header claims more than ``max_pixels`` pixels is refused before
       any pixel memory is allocated (Pillow's own ``Image.MAX_IMAGE_PIXELS`` check also
-      applies to non-JPEG files). A corrupt, truncated or unreadable file raises
+      applies to the files Pillow decodes). A corrupt, truncated or unreadable file raises
       :class:`DataError` naming it from ``__getitem__`` (the loader's ``SampleError``,
       or a quarantine entry under ``on_error="skip"``); truncated JPEGs are never padded.
     * Pickles as paths and settings (no open files) and is safe to call from many threads.
@@ -215,6 +217,7 @@ def _read(path, max_bytes: int) -> bytes:
 def _convert(image: Image.Image, mode: str) -> Image.Image:
     """``image`` in ``mode`` ("L", "RGB" or "RGBA"), 8 bits per channel."""
     if image.mode in _WIDE_GRAY:  # Pillow's own convert clips these at 255 (white); keep the high byte
+        # (32-bit "I" values beyond 16 bits saturate: Pillow uses "I" for 16-bit data)
         image = Image.fromarray((np.clip(np.asarray(image), 0, 65535) >> 8).astype(np.uint8))
     elif image.mode == "F":
         raise ValueError("32-bit float pixels have no agreed 8-bit scale; expected 8- or 16-bit integer pixels")
