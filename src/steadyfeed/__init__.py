@@ -3,7 +3,7 @@ exactly once, reproducibly, and never silently or stuck."""
 from .errors import DataError, SampleError, SampleTimeout, SteadyfeedError, TooManyErrors, WorkerDied
 from .loader import Loader
 from .sampling import SequentialSampler, ShuffleSampler, WeightedSampler, sample_rng
-from .sources import ArraySource, NpyArray, NpyPairs
+from .sources import ArraySource, CsvSource, NpyArray, NpyPairs
 
 from . import sources as _sources
 
@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArraySource",
+    "CsvSource",
     "DataError",
     "Loader",
     "NpyArray",

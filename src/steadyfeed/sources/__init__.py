@@ -7,6 +7,7 @@ import importlib
 
 from .array import ArraySource
 from .base import Source
+from .csv_rows import CsvSource
 from .npy import NpyArray, NpyPairs, read_npy
 
 # name -> module that defines it, imported when the name is first used
@@ -14,7 +15,7 @@ OPTIONAL = {
     "ImageFolder": ".images",
 }
 
-__all__ = ["ArraySource", "NpyArray", "NpyPairs", "Source", "read_npy", *OPTIONAL]
+__all__ = ["ArraySource", "CsvSource", "NpyArray", "NpyPairs", "Source", "read_npy", *OPTIONAL]
 
 
 def __getattr__(name: str):

@@ -36,6 +36,7 @@ import csv
 import hashlib
 import io
 import os
+import threading
 import warnings
 from array import array
 from dataclasses import dataclass
@@ -195,7 +196,7 @@ class _Index:
 
     def save(self, cache: str, stamp: tuple) -> None:
         """Written whole under a temporary name, then renamed: readers never see half a file."""
-        tmp = f"{cache}.{os.getpid()}.tmp"
+        tmp = f"{cache}.{os.getpid()}-{threading.get_ident()}.tmp"  # unique to this writer
         try:
             with open(tmp, "wb") as f:
                 parts = [np.array(self.meta(stamp), np.int64), self.offsets]
@@ -209,7 +210,7 @@ class _Index:
     def load(cls, cache: str, stamp: tuple) -> "_Index | None":
         """The cached index (memory-mapped) when its stamp and shape check out, else None."""
         try:
-            a = np.load(cache, mmap_mode="r")
+            a = np.load(cache, mmap_mode="r").view(np.ndarray)  # a plain view: slicing a memmap costs microseconds
         except (OSError, ValueError, EOFError):
             return None
         head = len(stamp)
@@ -225,17 +226,18 @@ class _Index:
 
 
 def _cache_path(path: str, cache_dir) -> str:
+    """Beside the file, or in ``cache_dir`` under a name unique to the file's absolute path."""
     if cache_dir is None:
         return path + SUFFIX
-    os.makedirs(cache_dir, exist_ok=True)
     tag = hashlib.sha256(os.path.abspath(path).encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return os.path.join(os.fspath(cache_dir), f"{os.path.basename(path)}.{tag}{SUFFIX}")
+    return os.path.join(os.fspath(cache_dir), f"{tag}-{os.path.basename(path)}{SUFFIX}")
 
 
 def _read_header(path: str, dialect: _Dialect) -> tuple[list[str] | None, int, int, int]:
     """(column names or None, byte and line where data starts, fields per row)."""
     with open(path, "rb") as f:
-        start = len(_BOM) if f.read(len(_BOM)) == _BOM and codecs.lookup(dialect.encoding).name.startswith("utf-8") else 0
+        utf8 = codecs.lookup(dialect.encoding).name.startswith("utf-8")
+        start = len(_BOM) if utf8 and f.read(len(_BOM)) == _BOM else 0
         f.seek(start)
         records = _Records(f, path, dialect, start, 1)
         first = next((fields for fields, _, _ in records if fields), None)
@@ -288,7 +290,8 @@ def _key(path: str, key: str, cols, dtype: np.dtype, names, nfields: int) -> _Ke
     for c in cols:
         if isinstance(c, str):
             if names.count(c) > 1:
-                raise DataError(f"{path}: column {c!r} appears {names.count(c)} times in the header; select it by position")
+                raise DataError(f"{path}: column {c!r} appears {names.count(c)} times in the header; "
+                                f"select it by position")
             fields.append(names.index(c))
         elif isinstance(c, (int, np.integer)) and not isinstance(c, bool) and 0 <= c and (c < nfields or not nfields):
             fields.append(int(c))
@@ -342,7 +345,8 @@ class CsvSource:
         self.keys = _select(self.path, keys, dict(dtypes or {}), names, self._nfields)
         self._stamp = (FORMAT_VERSION, st.st_size, st.st_mtime_ns, self.dialect.digest(), start)
         self._cache = _cache_path(self.path, cache_dir)
-        self._index = _Index.load(self._cache, self._stamp) or self._build(start, line)
+        index = _Index.load(self._cache, self._stamp)  # (an index of 0 rows is falsy: compare with None)
+        self._index = self._build(start, line) if index is None else index
         self._len = len(self._index)
         self._handles = LazyHandles(_Opener(self.path, st.st_size, st.st_mtime_ns), os.close)
 
@@ -352,11 +356,12 @@ class CsvSource:
         if (st.st_size, st.st_mtime_ns) != self._stamp[1:3]:
             raise DataError(f"{self.path}: changed while it was being indexed; try again once it is complete")
         try:
+            os.makedirs(os.path.dirname(self._cache) or ".", exist_ok=True)
             index.save(self._cache, self._stamp)
         except OSError as exc:
             self._cache = None  # the index then travels in the pickle
-            warnings.warn(f"CsvSource could not save the index of {self.path} to {exc.filename or ''} ({exc}); "
-                          f"it is rebuilt every time. Pass cache_dir= a writable directory.", stacklevel=3)
+            warnings.warn(f"CsvSource could not save the index of {self.path} ({exc}); it is rebuilt every "
+                          f"time. Pass cache_dir= a writable directory.", stacklevel=3)
         return index
 
     def _idx(self) -> _Index:
@@ -398,7 +403,8 @@ class CsvSource:
         if ids == list(range(ids[0], ids[0] + len(ids))):
             bounds = np.asarray(offsets[ids[0]:ids[-1] + 2])
             blob, base = self._pread(ids[0], int(bounds[0]), int(bounds[-1]), len(ids)), int(bounds[0])
-            return [(i, self._parse(i, blob[s - base:e - base])) for i, s, e in zip(ids, bounds[:-1].tolist(), bounds[1:].tolist())]
+            spans = zip(ids, bounds[:-1].tolist(), bounds[1:].tolist())
+            return [(i, self._parse(i, blob[s - base:e - base])) for i, s, e in spans]
         return [(i, self._parse(i, self._pread(i, int(offsets[i]), int(offsets[i + 1]), 1))) for i in ids]
 
     def _pread(self, i: int, start: int, end: int, rows: int) -> bytes:
@@ -417,7 +423,8 @@ class CsvSource:
         except (csv.Error, UnicodeDecodeError) as exc:
             raise DataError(f"{self.locate(i)}: expected {self.dialect.encoding} CSV: {exc}") from exc
         if len(records) != 1:
-            raise DataError(f"{self.locate(i)}: expected one row, found {len(records)}; the file changed since it was indexed")
+            raise DataError(f"{self.locate(i)}: expected one row, found {len(records)}; "
+                            f"the file changed since it was indexed")
         return records[0]
 
     def _sample(self, i: int, fields: list[str]) -> dict:
@@ -441,7 +448,8 @@ class CsvSource:
                 np.array([value], dtype=sel.dtype)
             except (ValueError, OverflowError, FloatingPointError) as exc:
                 shown = value if len(value) <= _MAX_SHOWN else value[:_MAX_SHOWN] + "..."
-                return DataError(f"{self.locate(i)}: column {name!r}: expected {sel.dtype}, found {shown!r} ({exc})")
+                why = "" if type(exc) is ValueError else " (out of range)"
+                return DataError(f"{self.locate(i)}: column {name!r}: expected {sel.dtype}, found {shown!r}{why}")
         return DataError(f"{self.locate(i)}: expected {sel.dtype} values in columns {list(sel.names)}")
 
     def fingerprint(self) -> str:
