@@ -3,7 +3,7 @@ exactly once, reproducibly, and never silently or stuck."""
 from .errors import DataError, SampleError, SampleTimeout, SteadyfeedError, TooManyErrors, WorkerDied
 from .loader import Loader
 from .sampling import SequentialSampler, ShuffleSampler, WeightedSampler, sample_rng
-from .sources import ArraySource, CsvSource, NpyArray, NpyPairs
+from .sources import ArraySource, CsvSource, DiskCache, MemoryCache, NpyArray, NpyPairs
 
 from . import sources as _sources
 
@@ -13,7 +13,9 @@ __all__ = [
     "ArraySource",
     "CsvSource",
     "DataError",
+    "DiskCache",
     "Loader",
+    "MemoryCache",
     "NpyArray",
     "NpyPairs",
     "SampleError",

@@ -7,6 +7,7 @@ import importlib
 
 from .array import ArraySource
 from .base import Source
+from .cache import DiskCache, MemoryCache
 from .csv_rows import CsvSource
 from .npy import NpyArray, NpyPairs, read_npy
 
@@ -15,7 +16,7 @@ OPTIONAL = {
     "ImageFolder": ".images",
 }
 
-__all__ = ["ArraySource", "CsvSource", "NpyArray", "NpyPairs", "Source", "read_npy", *OPTIONAL]
+__all__ = ["ArraySource", "CsvSource", "DiskCache", "MemoryCache", "NpyArray", "NpyPairs", "Source", "read_npy", *OPTIONAL]
 
 
 def __getattr__(name: str):

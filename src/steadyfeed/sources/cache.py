@@ -6,7 +6,7 @@ the cache and then applies the random transform with each sample's own rng. Deco
 happens once; augmentation stays random across epochs and bit-identical for any worker
 count, exactly as without the cache::
 
-    source = DiskCache(JpegFolder("images/"), "/scratch/steadyfeed-cache")
+    source = DiskCache(ImageFolder("images/", size=(128, 128)), "/scratch/steadyfeed-cache")
     loader = Loader(source, 64, shuffle=True, transform=augment, workers=4)
 
 Both are sources themselves: ``len``, ``read_many``, ``locate``, ``close`` and
@@ -26,15 +26,17 @@ is frozen at its first read. Keep randomness in the transform.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import json
+import math
 import os
 import shutil
 import tempfile
 import threading
 import warnings
-import zipfile
+import zlib
 from typing import Any, Mapping
 
 import numpy as np
@@ -43,6 +45,7 @@ from ..errors import DataError
 from .base import check_source, close_source, fingerprint, read_many
 
 DISK_FORMAT = "steadyfeed.diskcache/1"
+MAGIC = b"\x93STEADYFEED-CACHE\n"
 MARKER = "steadyfeed-cache.json"  # names a directory as ours: prune() removes nothing else
 
 
@@ -206,7 +209,7 @@ class MemoryCache(_Cache):
     def _get(self, i: int):
         with self._lock:
             stored = self._samples.get(i)
-        return stored
+        return None if stored is None else {k: a.copy() for k, a in stored.items()}
 
     def _put(self, i: int, sample: dict[str, np.ndarray]) -> None:
         frozen = {k: _read_only_copy(a) for k, a in sample.items()}  # the source may reuse or change its arrays
@@ -247,7 +250,7 @@ def _read_only_copy(a: np.ndarray) -> np.ndarray:
 class DiskCache(_Cache):
     """Keeps every sample read as one file under ``directory``, for this and later runs.
 
-    Samples live in ``directory/<digest>/<i>.npz``, where the digest covers the source's
+    Samples live in ``directory/<digest>/<i>.sample``, where the digest covers the source's
     ``fingerprint()``, ``key``, type and length: when the data changes, its fingerprint
     changes and a new, empty subdirectory is used (``prune()`` deletes the old ones). A
     source without ``fingerprint()`` needs ``key=``, a string you change whenever the
@@ -257,18 +260,18 @@ class DiskCache(_Cache):
 
     * a file is written to a temporary name and renamed into place, so concurrent
       writers (threads, worker processes, other runs) and readers never see half a file;
-    * a file is read with ``allow_pickle=False`` and checked (zip CRC-32 of every array,
-      exact sizes, the sample id it was written for); one that fails any check is a miss:
-      a ``RuntimeWarning`` names it, the sample comes from the source and the file is
-      rewritten. A cache directory from elsewhere can therefore neither run code nor
-      serve wrong data (a deliberately forged file with valid checksums can, like any
-      forged data file);
+    * a file is read without unpickling and checked (CRC-32 of the whole file, exact
+      sizes, the sample id it was written for, no object arrays); one that fails any
+      check is a miss: a ``RuntimeWarning`` names it, the sample comes from the source
+      and the file is rewritten. A cache directory from elsewhere can therefore neither
+      run code nor serve damaged data (a deliberately forged file with a valid checksum
+      can serve wrong data, like any forged data file);
     * a file that cannot be written (disk full, read-only) leaves the sample served
       uncached, with one ``RuntimeWarning`` per process and ``stats()["write_errors"]``.
 
-    Files are plain ``.npz``: ``np.load(path)`` opens them for inspection. Temporary
-    files of a writer killed mid-write (``.*.tmp``) stay until the directory is pruned
-    or removed. Counters are per process, like :class:`MemoryCache`'s.
+    A file holds a short JSON header then each array in ``.npy`` format (see ``_encode``).
+    A temporary file of a writer killed mid-write (``.*.tmp``) stays until its
+    subdirectory is removed. Counters are per process, like :class:`MemoryCache`'s.
     """
 
     _PER_PROCESS = _Cache._PER_PROCESS + ("_corrupt", "_write_errors")
@@ -290,14 +293,14 @@ class DiskCache(_Cache):
         self._corrupt = self._write_errors = 0
 
     def _file(self, i: int) -> str:
-        return os.path.join(self.path, f"{i}.npz")
+        return os.path.join(self.path, f"{i}.sample")
 
     def _get(self, i: int):
         path = self._file(i)
         try:
             with open(path, "rb") as f:
                 return _decode(f.read(), i)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no file there (yet): a plain miss
             return None
         except Exception as exc:  # noqa: BLE001 - whatever is wrong with the file, the source has the truth
             with self._lock:
@@ -353,46 +356,63 @@ def _identity(source: Any, key: str | None) -> dict:
             "key": key, "samples": len(source)}
 
 
-def _comment(i: int, keys) -> bytes:
-    """Names the sample id and its keys: a file under the wrong name, or one whose zip directory
-    lost a member (the per-member CRC cannot see that), does not match."""
-    return json.dumps({"format": DISK_FORMAT, "sample": i, "keys": list(keys)}).encode()
-
-
 def _encode(sample: dict[str, np.ndarray], i: int) -> bytes:
-    """An uncompressed .npz whose zip comment names the sample id it holds."""
+    """``MAGIC``, a 4-byte header length, a JSON header (sample id, member names and sizes),
+    each array in .npy format one after another, then the CRC-32 of everything before it."""
+    members = [_npy_bytes(arr) for arr in sample.values()]
+    header = json.dumps({"format": DISK_FORMAT, "sample": i,
+                         "members": [[key, len(m)] for key, m in zip(sample, members)]}).encode()
+    body = b"".join([MAGIC, len(header).to_bytes(4, "little"), header, *members])
+    return body + zlib.crc32(body).to_bytes(4, "little")
+
+
+def _npy_bytes(arr: np.ndarray) -> bytes:
     out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zf:
-        zf.comment = _comment(i, sample)
-        for key, arr in sample.items():
-            member = io.BytesIO()
-            np.lib.format.write_array(member, arr, allow_pickle=False)
-            zf.writestr(key + ".npy", member.getvalue())
+    np.lib.format.write_array(out, arr, allow_pickle=False)
     return out.getvalue()
 
 
 def _decode(blob: bytes, i: int) -> dict[str, np.ndarray]:
     """The sample in ``blob``, or an exception saying what is wrong with it."""
-    with zipfile.ZipFile(io.BytesIO(blob)) as zf:
-        infos = zf.infolist()
-        keys = [info.filename[:-4] for info in infos]
-        if zf.comment != _comment(i, keys):
-            raise ValueError(f"holds {zf.comment[:200]!r}, expected {_comment(i, keys)!r}")
-        sample = {}
-        for key, info in zip(keys, infos):
-            # stored members only: no decompression (a zip bomb) from a foreign cache directory
-            if info.compress_type != zipfile.ZIP_STORED or info.filename != key + ".npy" or key in sample:
-                raise ValueError(f"unexpected member {info.filename!r}")
-            sample[key] = _read_npy(zf.read(info))  # ZipFile.read checks the member's CRC-32
+    body = memoryview(blob)[:-4]
+    if body[:len(MAGIC)] != MAGIC or zlib.crc32(body) != int.from_bytes(blob[-4:], "little"):
+        raise ValueError("not a steadyfeed cache file, or its CRC-32 does not match")
+    start = len(MAGIC) + 4
+    end = start + int.from_bytes(body[len(MAGIC):start], "little")
+    header = json.loads(bytes(body[start:end]))
+    if (header.get("format"), header.get("sample")) != (DISK_FORMAT, i):
+        raise ValueError(f"written as sample {header.get('sample')!r} in format {header.get('format')!r}")
+    sample = {}
+    for key, size in header["members"]:
+        sample[key] = _read_npy(body[end:end + size])
+        end += size
     return sample
 
 
-def _read_npy(data: bytes) -> np.ndarray:
-    buf = io.BytesIO(data)
-    arr = np.lib.format.read_array(buf, allow_pickle=False)  # never unpickle: a cache file cannot run code
-    if buf.tell() != len(data):
-        raise ValueError(f"{len(data) - buf.tell()} bytes after the array")
-    return arr
+def _read_npy(data: memoryview) -> np.ndarray:
+    """A fresh, writable array; object arrays are refused (loading them would unpickle)."""
+    size = 10 + int.from_bytes(data[8:10], "little") if data[6] == 1 else 12 + int.from_bytes(data[8:12], "little")
+    layout = _npy_layout(bytes(data[:size]))
+    if layout is None:  # .npy format 3.0 (non-Latin-1 field names): numpy's own, slower reader
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    shape, fortran, dtype = layout
+    if dtype.hasobject:
+        raise ValueError("it holds an object array, which is never loaded (allow_pickle=False)")
+    count = math.prod(shape)
+    if len(data) - size != count * dtype.itemsize:
+        raise ValueError(f"an array of {shape} {dtype} cannot fill {len(data) - size} bytes")
+    flat = np.frombuffer(data, dtype, count, offset=size)
+    return flat.reshape(shape, order="F" if fortran else "C").copy(order="K")
+
+
+@functools.lru_cache(maxsize=256)
+def _npy_layout(prefix: bytes):
+    """(shape, fortran_order, dtype) of a .npy header, parsed by numpy (literals only, no code).
+    Parsing is most of a hit's cost and every sample of a key shares its header, so once."""
+    buf = io.BytesIO(prefix)
+    version = np.lib.format.read_magic(buf)
+    reader = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    return None if reader is None else reader(buf)
 
 
 def _atomic_write(path: str, blob: bytes) -> None:
