@@ -2,8 +2,10 @@
 exactly once, reproducibly, and never silently or stuck."""
 from .errors import DataError, SampleError, SampleTimeout, SteadyfeedError, TooManyErrors, WorkerDied
 from .loader import Loader
+from .locking import serialized
+from .packing import pack
 from .sampling import SequentialSampler, ShuffleSampler, WeightedSampler, sample_rng
-from .sources import ArraySource, CsvSource, DiskCache, MemoryCache, NpyArray, NpyPairs
+from .sources import ArraySource, CsvSource, DiskCache, MemoryCache, NpyArray, NpyPairs, TFRecordSource
 
 from . import sources as _sources
 
@@ -23,10 +25,13 @@ __all__ = [
     "SequentialSampler",
     "ShuffleSampler",
     "SteadyfeedError",
+    "TFRecordSource",
     "TooManyErrors",
     "WeightedSampler",
     "WorkerDied",
+    "pack",
     "sample_rng",
+    "serialized",
     *_sources.OPTIONAL,
 ]
 

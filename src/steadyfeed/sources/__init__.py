@@ -10,13 +10,14 @@ from .base import Source
 from .cache import DiskCache, MemoryCache
 from .csv_rows import CsvSource
 from .npy import NpyArray, NpyPairs, read_npy
+from .tfrecord import TFRecordSource
 
 # name -> module that defines it, imported when the name is first used
 OPTIONAL = {
     "ImageFolder": ".images",
 }
 
-__all__ = ["ArraySource", "CsvSource", "DiskCache", "MemoryCache", "NpyArray", "NpyPairs", "Source", "read_npy", *OPTIONAL]
+__all__ = ["ArraySource", "CsvSource", "DiskCache", "MemoryCache", "NpyArray", "NpyPairs", "Source", "TFRecordSource", "read_npy", *OPTIONAL]
 
 
 def __getattr__(name: str):

@@ -1,0 +1,267 @@
+"""``pack``: turn any source, or any iterable of sample dicts, into indexed TFRecord shards.
+
+The output directory holds ``shard-00000-of-0000N.tfrecord`` files of ``tf.train.Example``
+records (each feature one raw bytes value, see ``steadyfeed.sources.tfrecord``), an offset
+index ``<shard>.sfidx.npy`` beside each, and ``manifest.json`` (format, version, sample
+count, feature specs, shards and their record counts).
+
+Guarantees:
+
+* record ``i`` (across shards in name order) is sample ``i`` of the source, or the ``i``-th
+  item of the iterable, bit-exact: ``TFRecordSource(out_dir)[i]`` equals it in every key,
+  dtype, shape and byte; the output bytes do not depend on ``workers`` or ``mode``;
+* every sample has the keys, dtypes and shapes of the first, or packing stops with a
+  DataError naming the sample, the key, what was expected and what was found;
+* the dataset appears whole or not at all: everything is written (and fsynced) into a hidden
+  ``.<name>.partial-*`` directory beside ``out_dir``, renamed to ``out_dir`` only once
+  complete; an error removes it, a crash leaves only that hidden directory;
+* ``tf.data.TFRecordDataset`` reads the shards as they are.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from .errors import DataError, SampleError
+from .loader import Loader
+from .sources.base import close_source, locate, read_many
+from .sources.tfrecord import (
+    INDEX_SUFFIX, MANIFEST_NAME, FeatureSpec, RecordWriter, check_sample, encode_example, index_path,
+    infer_specs, manifest_dict, require_support, save_index,
+)
+
+DEFAULT_SHARD_SIZE = 10_000
+CHUNK_BYTES = 4 << 20  # encoded bytes per worker task: big enough to amortize a task, small enough to bound memory
+MAX_CHUNK = 256
+
+
+def pack(source: Any, out_dir: str | os.PathLike, shard_size: int = DEFAULT_SHARD_SIZE, *,
+         workers: int = 0, mode: str = "thread", progress: bool = True) -> Path:
+    """Write ``source`` (``len`` + ``getitem``) or an iterable of sample dicts to ``out_dir``.
+
+    ``shard_size`` records go in each shard. A source is read and encoded by a Loader with
+    ``workers`` (``mode`` "thread" or "process"), in chunks written in sample id order; an
+    iterable (e.g. a legacy generator) is consumed once, in this thread, and needs no len.
+    ``progress`` shows a tqdm bar on stderr. ``out_dir`` must not exist or be empty.
+    Returns ``out_dir`` as a Path, ready for ``TFRecordSource(out_dir)``.
+    """
+    if int(shard_size) < 1:
+        raise ValueError(f"shard_size must be >= 1 records, got {shard_size}")
+    require_support()
+    out_dir = Path(out_dir)
+    _check_target(out_dir)
+    is_source = hasattr(source, "__len__") and hasattr(source, "__getitem__")
+    if workers and not is_source:
+        raise ValueError("workers need a source with __len__ and __getitem__; an iterable is read once, in order")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    try:
+        encoder = SampleEncoder()
+        chunks = _source_chunks(source, encoder, workers, mode) if is_source else _iterable_chunks(source, encoder)
+        with contextlib.closing(chunks), _progress_bar(len(source) if is_source else None, out_dir, progress) as bar:
+            counts = _write_shards(chunks, staging, int(shard_size), bar)
+        _finish(staging, counts, encoder.specs or {})
+        _publish(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir
+
+
+# -- encoding -------------------------------------------------------------------------------------
+class SampleEncoder:
+    """Serializes samples as tf.train.Example records; the first sample sets ``specs``, and
+    any later sample whose keys, dtypes or shapes differ raises DataError."""
+
+    def __init__(self, specs: dict[str, FeatureSpec] | None = None):
+        self.specs = specs
+
+    def __call__(self, sample: Any) -> bytes:
+        if self.specs is None:
+            self.specs = infer_specs(sample)
+        check_sample(sample, self.specs)
+        return encode_example(sample, self.specs)
+
+
+def _named(sample_id: int, where: str | None, exc: Exception) -> DataError:
+    """The error for sample ``sample_id``: packing stops at the first bad sample, saying which."""
+    cause = str(exc) if isinstance(exc, DataError) else f"{type(exc).__name__}: {exc}"
+    return DataError(f"sample {sample_id}{f' ({where})' if where else ''}: {cause}")
+
+
+class _EncodedChunks:
+    """A source whose item ``c`` is chunk ``c`` of another source, read and encoded:
+    ``{"data": the records back to back (uint8), "lengths": each record's length}``.
+
+    The Loader runs it with batch_size=1, so workers read and encode chunks in parallel
+    and the consumer receives them in chunk order, i.e. sample id order.
+    """
+
+    def __init__(self, source: Any, encoder: SampleEncoder, chunk: int):
+        self.source, self.encoder, self.chunk = source, encoder, chunk
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.source) / self.chunk)
+
+    def __getitem__(self, c: int) -> dict:
+        ids = list(range(c * self.chunk, min((c + 1) * self.chunk, len(self.source))))
+        samples = read_many(self.source, ids) or [None] * len(ids)  # None: read one by one in encode
+        records = [self.encode(i, sample) for i, sample in zip(ids, samples)]
+        return {"data": np.frombuffer(b"".join(records), dtype=np.uint8),
+                "lengths": np.array([len(r) for r in records], dtype=np.int64)}
+
+    def encode(self, i: int, sample: Any = None) -> bytes:
+        try:
+            return self.encoder(self.source[i] if sample is None else sample)
+        except Exception as exc:  # name the sample: the Loader only knows the chunk number
+            raise _named(i, locate(self.source, i), exc) from exc
+
+    def close(self) -> None:
+        close_source(self.source)
+
+
+def _split(data: np.ndarray, lengths: np.ndarray) -> list[bytes]:
+    ends = np.cumsum(lengths)
+    return [data[start:end].tobytes() for start, end in zip(ends - lengths, ends)]
+
+
+def _source_chunks(source: Any, encoder: SampleEncoder, workers: int, mode: str) -> Iterator[list[bytes]]:
+    """The source's records, a chunk at a time, in sample id order."""
+    if len(source) == 0:
+        return
+    first = _EncodedChunks(source, encoder, 1).encode(0)  # sets encoder.specs before workers get a copy
+    chunks = _EncodedChunks(source, encoder, max(1, min(MAX_CHUNK, CHUNK_BYTES // max(1, len(first)))))
+    with Loader(chunks, 1, workers=workers, mode=mode) as loader:
+        try:
+            for batch in loader:
+                yield _split(batch["data"][0], batch["lengths"][0])
+        except SampleError as exc:
+            # the DataError we raised names the sample; the SampleError's id is a chunk number
+            if isinstance(exc.__cause__, DataError):
+                raise exc.__cause__  # noqa: B904 - its own cause (the read error) is kept
+            raise
+
+
+def _iterable_chunks(iterable: Iterable, encoder: SampleEncoder) -> Iterator[list[bytes]]:
+    for i, sample in enumerate(iterable):
+        try:
+            yield [encoder(sample)]
+        except DataError as exc:
+            raise _named(i, None, exc) from exc
+
+
+# -- writing ---------------------------------------------------------------------------------------
+def _shard_name(number: int, total: int | None = None) -> str:
+    """``shard-00003.tfrecord`` while writing; ``shard-00003-of-00010.tfrecord`` once the total is known."""
+    return f"shard-{number:05d}.tfrecord" if total is None else f"shard-{number:05d}-of-{total:05d}.tfrecord"
+
+
+class _Shards:
+    """Numbered shards of ``shard_size`` records in ``directory``, each sealed with its index."""
+
+    def __init__(self, directory: Path, shard_size: int):
+        self.directory, self.shard_size = directory, shard_size
+        self.counts: list[int] = []
+        self._writer: RecordWriter | None = None
+
+    def write(self, record: bytes) -> None:
+        if self._writer is not None and len(self._writer) == self.shard_size:
+            self.seal()
+        if self._writer is None:
+            self._writer = RecordWriter(self.directory / _shard_name(len(self.counts)))
+        self._writer.write(record)
+
+    def seal(self) -> None:
+        """Close the open shard and write its index (from the offsets kept while writing)."""
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            rows = writer.close()
+            save_index(writer.path, rows, index_path(writer.path))
+            self.counts.append(len(rows))
+
+    def abandon(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def _write_shards(chunks: Iterator[list[bytes]], directory: Path, shard_size: int, bar) -> list[int]:
+    """Write every record; returns each shard's record count."""
+    shards = _Shards(directory, shard_size)
+    try:
+        for records in chunks:
+            for record in records:
+                shards.write(record)
+            bar.update(len(records))
+        shards.seal()
+    finally:
+        shards.abandon()
+    return shards.counts
+
+
+def _finish(directory: Path, counts: list[int], specs: dict[str, FeatureSpec]) -> None:
+    """Give shards their final names (their number is known now) and write the manifest, last."""
+    names = []
+    for number, count in enumerate(counts):
+        final = _shard_name(number, len(counts))
+        for suffix in ("", INDEX_SUFFIX):  # rename keeps the mtime, so the index stays valid
+            os.rename(directory / (_shard_name(number) + suffix), directory / (final + suffix))
+        names.append((final, count))
+    with open(directory / MANIFEST_NAME, "w", encoding="utf-8") as f:
+        json.dump(manifest_dict(sum(counts), specs, names), f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _check_target(out_dir: Path) -> None:
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise FileExistsError(f"{out_dir} exists and is not an empty directory: pack does not overwrite")
+
+
+def _publish(staging: Path, out_dir: Path) -> None:
+    """One rename makes the finished dataset appear (it may replace an empty directory)."""
+    _fsync_dir(staging)
+    os.rename(staging, out_dir)
+    _fsync_dir(out_dir.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- progress ---------------------------------------------------------------------------------------
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def __enter__(self) -> "_NoBar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def _progress_bar(total: int | None, out_dir: Path, enabled: bool):
+    """A tqdm bar on stderr (no total for an iterable), or a silent stand-in."""
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        warnings.warn("pack shows progress with tqdm: pip install 'steadyfeed[cli]' (or pass progress=False)",
+                      stacklevel=3)
+        return _NoBar()
+    return tqdm(total=total, desc=f"pack {out_dir.name}", unit=" samples", file=sys.stderr, dynamic_ncols=True)

@@ -1,0 +1,389 @@
+"""pack(): bit-exact round trips, order, atomic output, clear errors, progress, the CLI; and serialized()."""
+import json
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from steadyfeed import ArraySource, DataError, Loader
+from steadyfeed.locking import Serialized, serialized
+from steadyfeed.packing import pack
+from steadyfeed.sources.tfrecord import TFRecordSource
+from steadyfeed.tools.cli import main
+
+from helpers import FaultySource, assert_paired, label_of
+
+pytestmark = pytest.mark.timeout(60)
+
+N = 40
+
+
+def every_kind(n: int) -> ArraySource:
+    """One key per supported kind: arrays of several dtypes (0-d too), fixed-width str and bytes."""
+    rng = np.random.default_rng(0)
+    special = np.array([np.nan, -0.0, np.inf, -np.inf, 5e-324, 1.0])
+    return ArraySource(
+        f32=rng.standard_normal((n, 3, 2)).astype(np.float32),
+        u8=rng.integers(0, 256, (n, 5), dtype=np.uint8),
+        i64=rng.integers(-2**62, 2**62, n),  # 0-d int64 per sample
+        f64=np.resize(special, (n, 6)),
+        flag=rng.random((n, 2, 2)) > 0.5,
+        scalar=rng.standard_normal(n).astype(np.float32),
+        i16=rng.integers(-300, 300, (n, 0), dtype=np.int16),  # an empty dimension
+        name=np.array([f"sample é{i}" for i in range(n)]),  # np.str_ values: "str" features
+        tag=np.array([b"t\x00\xff%d" % i for i in range(n)]),  # np.bytes_ values: "bytes" features
+    )
+
+
+def assert_bit_exact(back: dict, original: dict) -> None:
+    assert list(back) == list(original)
+    for key, value in original.items():
+        a, b = np.asarray(back[key]), np.asarray(value)
+        assert (a.dtype, a.shape) == (b.dtype, b.shape), key
+        assert a.tobytes() == b.tobytes(), key  # bitwise: NaN and -0.0 included
+
+
+def shard_bytes(out) -> list[bytes]:
+    return [open(os.path.join(out, f), "rb").read() for f in sorted(os.listdir(out)) if f.endswith(".tfrecord")]
+
+
+def leftovers(parent) -> list[str]:
+    return sorted(os.listdir(parent))
+
+
+# -- round trips ------------------------------------------------------------------------------------
+def test_round_trip_of_a_source_is_bit_exact_with_a_manifest(tmp_path):
+    source = every_kind(N)
+    out = pack(source, tmp_path / "out", shard_size=16, progress=False)
+    assert sorted(os.listdir(out)) == ["manifest.json"] + [
+        f"shard-0000{k}-of-00003.tfrecord{suffix}" for k in range(3) for suffix in ("", ".sfidx.npy")]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["samples"] == N and manifest["version"] == 1
+    assert manifest["features"]["f32"] == {"dtype": "float32", "shape": [3, 2]}
+    assert manifest["features"]["i64"] == {"dtype": "int64", "shape": []}
+    assert manifest["features"]["name"] == {"dtype": "str", "shape": []}
+    assert [s["records"] for s in manifest["shards"]] == [16, 16, 8]
+    packed = TFRecordSource(out)
+    assert len(packed) == N
+    for i in range(N):
+        assert_bit_exact(packed[i], source[i])
+    packed.close()
+    subset = TFRecordSource(out, features={"i64": "int64"})  # the manifest's specs can be narrowed
+    assert_bit_exact(subset[N - 1], {"i64": source[N - 1]["i64"]})
+    subset.close()
+
+
+def test_round_trip_of_a_generator_keeps_variable_bytes_and_str(tmp_path):
+    def legacy():
+        for i in range(N):
+            yield {"raw": b"\x00ab\x00" * i, "text": "ü" * i, "x": np.full((2, i % 3 + 1), i, np.int8)[:, :1],
+                   "y": i % 2 == 0}
+
+    out = pack(legacy(), tmp_path / "out", shard_size=7, progress=False)
+    assert len([f for f in os.listdir(out) if f.endswith(".tfrecord")]) == 6
+    packed = TFRecordSource(out)
+    for i, original in enumerate(legacy()):
+        back = packed[i]
+        assert back["raw"] == original["raw"] and type(back["raw"]) is bytes
+        assert back["text"] == original["text"] and type(back["text"]) is str
+        assert_bit_exact({k: back[k] for k in ("x", "y")}, {k: original[k] for k in ("x", "y")})
+    packed.close()
+
+
+def test_big_endian_arrays_come_back_little_endian_with_the_same_values(tmp_path):
+    values = np.arange(6, dtype=">i4").reshape(2, 3)
+    packed = TFRecordSource(pack([{"x": values}], tmp_path / "out", progress=False))
+    assert packed[0]["x"].dtype == np.dtype("<i4") and packed[0]["x"].tolist() == values.tolist()
+    packed.close()
+
+
+def test_output_bytes_do_not_depend_on_workers_or_mode(tmp_path, no_leaks):
+    source = every_kind(N)
+    reference = shard_bytes(pack(source, tmp_path / "inline", shard_size=16, progress=False))
+    for workers, mode in [(2, "thread"), (2, "process")]:
+        out = pack(source, tmp_path / mode, shard_size=16, workers=workers, mode=mode, progress=False)
+        assert shard_bytes(out) == reference
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_packed_generator_is_random_access_parallel_and_exactly_once(tmp_path, mode, no_leaks):
+    def legacy():  # no len, no indexing: a stream
+        for i in range(203):
+            x = np.arange(4 * i, 4 * i + 4, dtype=np.float64)
+            yield {"x": x, "y": label_of(x[None])[0]}
+
+    out = pack(legacy(), tmp_path / "out", shard_size=50, progress=False)
+    with Loader(TFRecordSource(out), 16, shuffle=True, seed=1, workers=2, mode=mode, with_ids=True) as loader:
+        for epoch in range(2):
+            batches = list(loader.epoch(epoch))
+            for batch in batches:
+                assert_paired(batch)
+            ids = np.concatenate([b["id"] for b in batches])
+            assert sorted(ids.tolist()) == list(range(203)) and ids.tolist() != list(range(203))
+
+
+def test_empty_inputs_make_an_empty_dataset(tmp_path):
+    for name, data in (("source", ArraySource(x=np.zeros((0, 3)))), ("iterable", iter(()))):
+        packed = TFRecordSource(pack(data, tmp_path / name, progress=False))
+        assert len(packed) == 0
+
+
+# -- bad input and atomicity -------------------------------------------------------------------------
+class OddOneOut:
+    """Sample 23 has a float64 ``x`` where the others have float32."""
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return {"x": np.zeros(3, np.float64 if i == 23 else np.float32), "y": np.int64(i)}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sample_unlike_the_first_names_id_key_expected_and_found(tmp_path, workers, no_leaks):
+    with pytest.raises(DataError, match=r"sample 23: key 'x': expected float32 \(3,\) \(as in the first sample\), "
+                                        r"found float64 \(3,\)"):
+        pack(OddOneOut(), tmp_path / "out", shard_size=8, workers=workers, progress=False)
+    assert leftovers(tmp_path) == []  # neither the output nor its staging directory
+
+
+def test_a_generator_sample_with_other_keys_is_named(tmp_path):
+    samples = [{"x": np.zeros(2)}] * 5 + [{"x": np.zeros(2), "extra": 1}]
+    with pytest.raises(DataError, match=r"sample 5: keys \['extra', 'x'\] differ from the first sample's \['x'\]"):
+        pack(iter(samples), tmp_path / "out", progress=False)
+    assert leftovers(tmp_path) == []
+
+
+def test_a_failing_read_names_the_sample_and_its_location(tmp_path, marker_dir):
+    with pytest.raises(DataError, match=r"sample 13 \(/data/sample_00013.npy\): ValueError: corrupt sample 13"):
+        pack(FaultySource(N, fail={13}, marker_dir=marker_dir), tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_error_midway_leaves_nothing_behind(tmp_path):
+    def broken():
+        for i in range(30):
+            if i == 25:
+                raise RuntimeError("the legacy reader failed")
+            yield {"x": np.zeros(2)}
+
+    with pytest.raises(RuntimeError, match="legacy reader failed"):
+        pack(broken(), tmp_path / "out", shard_size=10, progress=False)
+    assert leftovers(tmp_path) == []
+
+
+CRASHING_PACK = """
+import os, signal, sys
+import numpy as np
+from steadyfeed.packing import pack
+
+def samples():
+    for i in range(100):
+        if i == 60:
+            os.kill(os.getpid(), signal.SIGKILL)  # a crash: no cleanup code runs
+        yield {"x": np.full(8, i)}
+
+pack(samples(), sys.argv[1], shard_size=20, progress=False)
+"""
+
+
+def test_a_crash_leaves_no_dataset_that_looks_complete(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-c", CRASHING_PACK, str(out)], capture_output=True, timeout=50)
+    assert proc.returncode == -9, proc.stderr.decode()
+    assert not out.exists()
+    (staging,) = leftovers(tmp_path)
+    assert staging.startswith(".out.partial-") and "manifest.json" not in os.listdir(tmp_path / staging)
+    with pytest.raises(FileNotFoundError, match="out"):
+        TFRecordSource(out)
+
+
+def test_pack_refuses_to_overwrite_but_fills_an_empty_directory(tmp_path):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="full exists and is not an empty directory"):
+        pack([{"x": 1}], tmp_path / "full", progress=False)
+    assert os.listdir(tmp_path / "full") == ["keep.txt"]
+    (tmp_path / "empty").mkdir()
+    assert len(TFRecordSource(pack([{"x": 1}], tmp_path / "empty", progress=False))) == 1
+
+
+def test_workers_need_a_source_and_bad_values_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="workers need a source"):
+        pack(iter([{"x": 1}]), tmp_path / "out", workers=2, progress=False)
+    with pytest.raises(ValueError, match="shard_size must be >= 1"):
+        pack([{"x": 1}], tmp_path / "out", shard_size=0, progress=False)
+    with pytest.raises(DataError, match="sample 0: dtype object cannot be packed"):
+        pack([{"x": [1, None]}], tmp_path / "out", progress=False)
+    assert leftovers(tmp_path) == []
+
+
+def test_a_manifest_that_disagrees_with_the_shards_is_detected(tmp_path):
+    out = pack(every_kind(N), tmp_path / "out", shard_size=16, progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["shards"][1]["records"] = 15
+    manifest["samples"] = N - 1
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match="shard-00001-of-00003.tfrecord has 16 records but the manifest says 15"):
+        TFRecordSource(out)
+    os.unlink(out / "shard-00002-of-00003.tfrecord")
+    with pytest.raises(FileNotFoundError, match="shard-00002-of-00003.tfrecord"):
+        TFRecordSource(out)
+    manifest["shards"][0]["file"] = "../elsewhere.tfrecord"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match="manifest.json is not a valid steadyfeed manifest: a shard file name"):
+        TFRecordSource(out)
+
+
+# -- progress ---------------------------------------------------------------------------------------
+def test_progress_goes_to_stderr_and_can_be_turned_off(tmp_path, capfd):
+    pack(every_kind(N), tmp_path / "a", progress=True)
+    out, err = capfd.readouterr()
+    assert out == "" and "pack a" in err and f"{N}/{N}" in err
+    pack(iter([{"x": 1}] * 3), tmp_path / "b", progress=True)
+    assert "3 samples" in capfd.readouterr().err  # no total for an iterable
+    pack(every_kind(N), tmp_path / "c", progress=False)
+    assert capfd.readouterr() == ("", "")
+
+
+# -- the CLI ----------------------------------------------------------------------------------------
+SPEC_FILE = """
+import numpy as np
+
+def samples():
+    for i in range(25):
+        yield {"x": np.full(3, i, np.float32), "y": np.int64(i)}
+
+class Squares:
+    def __len__(self):
+        return 12
+    def __getitem__(self, i):
+        return {"x": np.array([i * i])}
+"""
+
+
+@pytest.fixture
+def spec_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the CLI adds the file's directory
+    monkeypatch.delitem(sys.modules, "make_data", raising=False)
+    path = tmp_path / "make_data.py"
+    path.write_text(SPEC_FILE)
+    yield path
+    sys.modules.pop("make_data", None)
+
+
+def test_cli_packs_a_generator_from_a_file(spec_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["pack", f"{spec_file}:samples", str(out), "--shard-size", "10", "--no-progress"]) == 0
+    assert capsys.readouterr().out.startswith(f"packed 25 samples into 3 shard(s) in {out}")
+    packed = TFRecordSource(out)
+    assert len(packed) == 25 and packed[24]["x"].tolist() == [24.0] * 3 and packed[24]["y"] == 24
+    packed.close()
+
+
+def test_cli_packs_a_source_class_with_process_workers(spec_file, tmp_path, capsys, no_leaks):
+    out = tmp_path / "out"
+    assert main(["pack", "make_data:Squares", str(out), "--workers", "2", "--mode", "process",
+                 "--no-progress"]) == 1  # not importable by module name before the file was loaded
+    assert "cannot import module 'make_data'" in capsys.readouterr().err
+    assert main(["pack", f"{spec_file}:Squares", str(out), "--workers", "2", "--mode", "process",
+                 "--no-progress"]) == 0
+    packed = TFRecordSource(out)
+    assert [int(s["x"][0]) for s in packed.read_many(range(12))] == [i * i for i in range(12)]
+    packed.close()
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("no_colon", "SPEC must be FILE.py:NAME or MODULE:NAME"),
+    ("missing.py:samples", "SPEC file not found"),
+    ("{file}:nothing", "has no 'nothing'"),
+])
+def test_cli_reports_bad_specs_with_exit_code_1(spec_file, tmp_path, capsys, spec, message):
+    assert main(["pack", spec.format(file=spec_file), str(tmp_path / "out"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("steadyfeed pack: error: ") and message in err
+    assert not (tmp_path / "out").exists()
+
+
+# -- serialized -------------------------------------------------------------------------------------
+class Overlap:
+    """Counts how many threads are inside at once; the maximum must stay 1 when serialized."""
+
+    def __init__(self):
+        self.inside = self.most = 0
+
+    def __call__(self, x):
+        self.inside += 1
+        self.most = max(self.most, self.inside)
+        time.sleep(0.002)  # releases the GIL: unserialized callers would pile up here
+        self.inside -= 1
+        return x
+
+
+@serialized
+def module_level_decode(x):
+    return x * 2
+
+
+def run_threads(fn, threads=8, calls=10):
+    workers = [threading.Thread(target=lambda: [fn(k) for k in range(calls)]) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+
+def test_serialized_lets_one_thread_in_at_a_time():
+    bare = Overlap()
+    run_threads(bare)
+    assert bare.most > 1  # the detector works
+    guarded = Overlap()
+    run_threads(serialized(guarded))
+    assert guarded.most == 1
+
+
+def test_serialized_inside_a_threaded_loader_transform(no_leaks):
+    overlap = Overlap()
+    decode = serialized(overlap)
+
+    def transform(sample, rng):
+        return {**sample, "x": decode(sample["x"])}
+
+    source = ArraySource(x=np.arange(64.0).reshape(32, 2))
+    with Loader(source, 4, workers=2, mode="thread", transform=transform, with_ids=True) as loader:
+        ids = np.concatenate([b["id"] for b in loader])
+    assert sorted(ids.tolist()) == list(range(32)) and overlap.most == 1
+
+
+def test_serialized_pickles_without_its_lock():
+    assert pickle.loads(pickle.dumps(module_level_decode)) is module_level_decode  # by name, like a function
+    assert module_level_decode(4) == 8 and module_level_decode.__name__ == "module_level_decode"
+    wrapped = serialized(os.path.join, timeout=5)
+    copy = pickle.loads(pickle.dumps(wrapped))
+    assert isinstance(copy, Serialized) and copy is not wrapped and copy._lock is not wrapped._lock
+    assert copy("a", "b") == os.path.join("a", "b") and copy.timeout == 5
+
+
+def test_serialized_with_timeout_refuses_to_wait_forever():
+    started, release = threading.Event(), threading.Event()
+
+    def hung():
+        started.set()
+        release.wait(10)
+
+    guarded = serialized(hung, timeout=0.1)
+    holder = threading.Thread(target=guarded)
+    holder.start()
+    started.wait(5)
+    try:
+        with pytest.raises(TimeoutError, match="hung stayed busy in another thread for more than 0.1 s"):
+            guarded()
+    finally:
+        release.set()
+        holder.join()
+    guarded()  # free again

@@ -1,0 +1,442 @@
+"""TFRecordSource: framing, CRCs, the offset index, Example decoding, concurrency, bad input, tf interop."""
+import glob
+import os
+import pickle
+import struct
+import sys
+import threading
+import tracemalloc
+
+import numpy as np
+import psutil
+import pytest
+
+from steadyfeed import DataError, Loader, SampleError
+from steadyfeed.packing import pack
+from steadyfeed.sources import tfrecord
+from steadyfeed.sources.tfrecord import (
+    FeatureSpec, RecordWriter, TFRecordSource, example_classes, masked_crc, read_record, scan,
+)
+
+from helpers import assert_paired, epoch_digest, paired_source
+
+pytestmark = pytest.mark.timeout(60)
+
+N = 300
+MODES = [(2, "thread"), (2, "process")]
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+def example(**features) -> bytes:
+    """A serialized Example from ``key=(kind, values)``, kind one of bytes_list/float_list/int64_list."""
+    ex = example_classes()["Example"]()
+    for key, (kind, values) in features.items():
+        getattr(ex.features.feature[key], kind).value.extend(values)
+    return ex.SerializeToString()
+
+
+def write_file(path, records) -> str:
+    writer = RecordWriter(path)
+    for record in records:
+        writer.write(record)
+    writer.close()
+    return str(path)
+
+
+def foreign_record(i: int) -> bytes:
+    """A record as TensorFlow code writes it: native lists, plus one raw-bytes array."""
+    return example(x=("float_list", [i + k / 8 for k in range(6)]), y=("int64_list", [i * 10]),
+                   jpeg=("bytes_list", [b"\xff\xd8" + bytes([i % 256]) * (i % 5)]),
+                   z=("bytes_list", [np.arange(4, dtype=np.uint16).tobytes()]))
+
+
+FOREIGN = {"x": ("float32", (2, 3)), "y": ("int64", ()), "jpeg": "bytes", "z": ("uint16", (4,))}
+
+
+@pytest.fixture
+def foreign(tmp_path):
+    """Two TFRecord files of 10 and 5 records, written in reverse name order."""
+    write_file(tmp_path / "b.tfrecord", [foreign_record(i) for i in range(10, 15)])
+    write_file(tmp_path / "a.tfrecord", [foreign_record(i) for i in range(10)])
+    return tmp_path
+
+
+@pytest.fixture
+def packed(tmp_path):
+    return pack(paired_source(N), tmp_path / "packed", shard_size=64, progress=False)
+
+
+def flip_byte(path: str, at: int, keep_mtime: bool = False) -> None:
+    """Flip one byte; with keep_mtime the cached index still looks valid (as after bit rot)."""
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0xFF]))
+    if keep_mtime:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def crc32c_reference(data: bytes) -> int:
+    """Bitwise CRC-32C (Castagnoli, reflected 0x82F63B78): independent of google-crc32c."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def record_offset(source: TFRecordSource, i: int) -> tuple[str, int, int]:
+    """(file, offset, data length) of sample i, from the source's own locate()."""
+    path, rest = source.locate(i).split(" record ")
+    number = int(rest.split()[0])
+    rows = scan(path)
+    return path, int(rows[number, 0]), int(rows[number, 1])
+
+
+# -- framing ----------------------------------------------------------------------------------------
+def test_masked_crc_matches_the_tfrecord_definition():
+    assert crc32c_reference(b"123456789") == 0xE3069283  # the standard CRC-32C check value
+    for data in (b"", b"\x00" * 8, b"123456789", bytes(range(256)) * 3):
+        crc = crc32c_reference(data)
+        assert masked_crc(data) == ((((crc >> 15) | (crc << 17)) % 2**32) + 0xA282EAD8) % 2**32
+
+
+def test_framing_layout_scan_and_read(tmp_path):
+    records = [b"", b"a", os.urandom(1000), b"last"]
+    path = write_file(tmp_path / "r.tfrecord", records)
+    raw = open(path, "rb").read()
+    assert raw[:8] == struct.pack("<Q", 0) and raw[8:12] == struct.pack("<I", masked_crc(raw[:8]))
+    rows = scan(path)
+    assert rows.tolist() == [[0, 0], [16, 1], [33, 1000], [1049, 4]] and len(raw) == 1049 + 16 + 4
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert [read_record(fd, path, n, int(o), int(ln)) for n, (o, ln) in enumerate(rows)] == records
+    finally:
+        os.close(fd)
+
+
+# -- reading ----------------------------------------------------------------------------------------
+def test_reads_native_lists_and_raw_bytes_from_sorted_files(foreign):
+    for paths in (str(foreign / "*.tfrecord"), [foreign / "b.tfrecord", foreign / "a.tfrecord"]):
+        src = TFRecordSource(paths, features=FOREIGN)
+        assert len(src) == 15 and [os.path.basename(p) for p in src.paths] == ["a.tfrecord", "b.tfrecord"]
+        s = src[12]
+        assert s["x"].dtype == np.float32 and s["x"].shape == (2, 3)
+        np.testing.assert_array_equal(s["x"].ravel(), [12 + k / 8 for k in range(6)])
+        assert s["y"].dtype == np.int64 and s["y"].shape == () and s["y"] == 120
+        assert s["jpeg"] == b"\xff\xd8" + bytes([12]) * 2
+        assert s["z"].dtype == np.uint16 and s["z"].tolist() == [0, 1, 2, 3]
+        assert src.locate(12) == f"{foreign / 'b.tfrecord'} record 2 at byte {scan(src.paths[1])[2, 0]}"
+        src.close()
+
+
+def test_read_many_keeps_the_order_of_ids(foreign):
+    src = TFRecordSource(str(foreign / "*.tfrecord"), features={"y": "int64"})
+    ids = [14, 0, 7, 7, 10, 3]
+    assert [int(s["y"]) for s in src.read_many(ids)] == [10 * i for i in ids]
+    src.close()
+
+
+def test_a_subset_of_keys_can_be_read_and_specs_are_parsed(foreign):
+    src = TFRecordSource(str(foreign / "a.tfrecord"), features={"y": "int64"})
+    assert list(src[3]) == ["y"]
+    src.close()
+    assert FeatureSpec.parse("k", ("float32", [2, 3])) == FeatureSpec("float32", (2, 3))
+    assert FeatureSpec.parse("k", {"dtype": "<i8", "shape": []}) == FeatureSpec("int64", ())
+    assert FeatureSpec.parse("k", (np.uint8, 5)) == FeatureSpec("uint8", (5,))
+    assert FeatureSpec.parse("k", "str") == FeatureSpec("str")
+    with pytest.raises(ValueError, match="feature 'k': cannot read spec"):
+        FeatureSpec.parse("k", ("float32", (-1,)))
+    with pytest.raises(ValueError, match="feature 'k': cannot read spec"):
+        FeatureSpec.parse("k", ("no-such-dtype", ()))
+
+
+# -- the offset index ------------------------------------------------------------------------------
+def count_scans(monkeypatch) -> list:
+    calls = []
+    real = tfrecord.scan
+    monkeypatch.setattr(tfrecord, "scan", lambda path: calls.append(path) or real(path))
+    return calls
+
+
+def test_index_is_cached_beside_the_file_and_rebuilt_when_the_file_changes(foreign, monkeypatch):
+    calls = count_scans(monkeypatch)
+    path = str(foreign / "a.tfrecord")
+    TFRecordSource(path, features=FOREIGN)
+    assert calls == [path] and os.path.exists(path + ".sfidx.npy")
+    TFRecordSource(path, features=FOREIGN)
+    assert calls == [path]  # reused
+    with open(path, "ab") as f:  # size and mtime change
+        header, footer = tfrecord.frame(foreign_record(99))
+        f.write(header + foreign_record(99) + footer)
+    src = TFRecordSource(path, features=FOREIGN)
+    assert calls == [path, path] and len(src) == 11 and src[10]["y"] == 990
+
+
+def test_index_goes_to_cache_dir_when_given(foreign, tmp_path, monkeypatch):
+    calls = count_scans(monkeypatch)
+    cache = tmp_path / "cache"
+    TFRecordSource(str(foreign / "*.tfrecord"), features=FOREIGN, cache_dir=cache)
+    TFRecordSource(str(foreign / "*.tfrecord"), features=FOREIGN, cache_dir=cache)
+    assert len(calls) == 2 and len(os.listdir(cache)) == 2
+    assert not glob.glob(str(foreign / "*.sfidx.npy"))
+
+
+def test_a_damaged_or_lying_cached_index_is_rebuilt(foreign, monkeypatch):
+    path = str(foreign / "a.tfrecord")
+    TFRecordSource(path, features=FOREIGN)
+    index = np.load(path + ".sfidx.npy")
+    index[5, 0] += 1  # an offset that does not tile the file
+    np.save(path + ".sfidx.npy", index)
+    calls = count_scans(monkeypatch)
+    assert TFRecordSource(path, features=FOREIGN)[3]["y"] == 30 and calls == [path]
+    open(path + ".sfidx.npy", "wb").write(b"garbage")
+    assert TFRecordSource(path, features=FOREIGN)[3]["y"] == 30 and calls == [path, path]
+
+
+def test_an_unwritable_index_location_warns_and_still_reads(foreign, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(tfrecord, "save_index", refuse)
+    with pytest.warns(UserWarning, match="could not cache the record index of .*a.tfrecord.*cache_dir="):
+        src = TFRecordSource(str(foreign / "a.tfrecord"), features=FOREIGN)
+    assert src[9]["y"] == 90
+
+
+# -- concurrency and pickling -------------------------------------------------------------------------
+@pytest.mark.parametrize("workers,mode", MODES)
+def test_loader_delivers_each_record_once_and_paired(packed, workers, mode, no_leaks):
+    with Loader(TFRecordSource(packed), 16, shuffle=True, seed=3, workers=workers, mode=mode, with_ids=True) as loader:
+        batches = list(loader)
+    for batch in batches:
+        assert_paired(batch)
+    assert sorted(np.concatenate([b["id"] for b in batches]).tolist()) == list(range(N))
+    with Loader(TFRecordSource(packed), 16, shuffle=True, seed=3, with_ids=True) as inline:
+        assert epoch_digest(batches) == epoch_digest(inline)
+
+
+def test_threads_share_one_source(packed):
+    src, errors = TFRecordSource(packed), []
+
+    def read(seed):
+        try:
+            for i in np.random.default_rng(seed).integers(0, N, 200):
+                np.testing.assert_array_equal(src[int(i)]["x"], paired_source(N)[int(i)]["x"])
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=read, args=(seed,)) for seed in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    src.close()
+    assert errors == []
+
+
+def test_pickles_without_handles_and_close_releases_them(packed):
+    fds = psutil.Process().num_fds()
+    src = TFRecordSource(packed)
+    src[0], src[N - 1]  # opens two shards
+    assert psutil.Process().num_fds() == fds + 2
+    copy = pickle.loads(pickle.dumps(src))
+    assert psutil.Process().num_fds() == fds + 2  # the copy opened nothing yet
+    np.testing.assert_array_equal(copy[7]["x"], src[7]["x"])
+    copy.close()
+    src.close()
+    assert psutil.Process().num_fds() == fds
+
+
+def test_fingerprint_follows_the_files(foreign):
+    path = str(foreign / "a.tfrecord")
+    before = TFRecordSource(path, features=FOREIGN).fingerprint()
+    assert TFRecordSource(path, features=FOREIGN).fingerprint() == before
+    assert TFRecordSource(path, features={"y": "int64"}).fingerprint() != before
+    os.utime(path, ns=(0, 10**9))  # a rewrite in place shows as a new mtime
+    assert TFRecordSource(path, features=FOREIGN).fingerprint() != before
+
+
+# -- bad input -------------------------------------------------------------------------------------
+def test_flipped_data_byte_names_file_record_and_byte(packed):
+    src = TFRecordSource(packed)
+    path, offset, length = record_offset(src, 70)
+    flip_byte(path, offset + 12 + length // 2)
+    src = TFRecordSource(packed)
+    expected = rf"CRC mismatch in data of record 6 at byte {offset} of .*shard-00001-of-00005"
+    with pytest.raises(DataError, match=expected):
+        src[70]
+    np.testing.assert_array_equal(src[69]["x"], paired_source(N)[69]["x"])  # neighbours unharmed
+    src.close()
+
+
+def test_corrupt_record_through_the_loader_raises_sample_error(packed, no_leaks):
+    path, offset, length = record_offset(TFRecordSource(packed), 70)
+    flip_byte(path, offset + 12 + length - 1)
+    with Loader(TFRecordSource(packed), 16, workers=2, mode="thread") as loader:
+        with pytest.raises(SampleError, match="CRC mismatch in data of record 6") as info:
+            list(loader)
+    assert info.value.sample_id == 70 and "shard-00001-of-00005.tfrecord record 6" in info.value.location
+
+
+@pytest.mark.parametrize("workers,mode", MODES)
+def test_corrupt_records_are_quarantined_under_skip(packed, workers, mode, no_leaks):
+    src = TFRecordSource(packed)
+    for i in (5, 200):
+        path, offset, length = record_offset(src, i)
+        flip_byte(path, offset + 20)
+    with Loader(TFRecordSource(packed), 16, shuffle=True, workers=workers, mode=mode, with_ids=True,
+                on_error="skip") as loader:
+        batches = list(loader)
+        report = loader.quarantine_report()
+    ids = np.concatenate([b["id"] for b in batches])
+    assert sorted(ids.tolist()) == sorted(set(range(N)) - {5, 200})
+    assert sorted(entry["sample_id"] for entry in report) == [5, 200]
+    assert all("CRC mismatch in data" in entry["message"] for entry in report)
+
+
+def test_corrupt_length_crc_is_caught_on_read_and_when_indexing(packed):
+    src = TFRecordSource(packed)
+    path, offset, _ = record_offset(src, 130)
+    flip_byte(path, offset + 9, keep_mtime=True)  # bit rot: the cached index still looks valid
+    with pytest.raises(DataError, match=rf"CRC mismatch in the length of record 2 at byte {offset} of .*shard-00002"):
+        TFRecordSource(packed)[130]
+    os.unlink(path + ".sfidx.npy")
+    with pytest.raises(DataError, match=rf"CRC mismatch in the length of record 2 at byte {offset} of .*shard-00002"):
+        TFRecordSource(packed)
+    src.close()
+
+
+def test_truncated_file_is_reported_when_indexing(foreign):
+    path = str(foreign / "a.tfrecord")
+    rows = scan(path)
+    os.truncate(path, int(rows[9, 0]) + 20)
+    with pytest.raises(DataError, match=rf"a.tfrecord is truncated or damaged: record 9 at byte {rows[9, 0]} "
+                                        rf"declares {rows[9, 1]} data bytes but only 4 remain"):
+        TFRecordSource(path, features=FOREIGN)
+    os.truncate(path, int(rows[9, 0]) + 5)
+    with pytest.raises(DataError, match="ends inside the header of record 9"):
+        TFRecordSource(path, features=FOREIGN)
+
+
+def test_truncated_after_indexing_is_reported_on_read(foreign):
+    path = str(foreign / "a.tfrecord")
+    src = TFRecordSource(path, features=FOREIGN)
+    os.truncate(path, int(scan(path)[9, 0]) + 20)
+    with pytest.raises(DataError, match="record 9 at byte .* is truncated"):
+        src[9]
+    src.close()
+
+
+def test_hostile_length_allocates_nothing(tmp_path):
+    path = tmp_path / "hostile.tfrecord"
+    length = struct.pack("<Q", 2**62)
+    path.write_bytes(length + struct.pack("<I", masked_crc(length)) + b"tiny")
+    tracemalloc.start()
+    try:
+        expected = f"hostile.tfrecord is truncated or damaged: record 0 at byte 0 declares {2**62} data bytes"
+        with pytest.raises(DataError, match=expected):
+            TFRecordSource(str(path), features={"x": "bytes"})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+def test_missing_feature_names_file_record_and_key(foreign):
+    src = TFRecordSource(str(foreign / "*.tfrecord"), features={**FOREIGN, "label": ("int64", ())})
+    with pytest.raises(DataError, match=r"record 1 at byte \d+ of .*b.tfrecord: feature 'label' is missing "
+                                        r"\(the record has \['jpeg', 'x', 'y', 'z'\]\)"):
+        src[11]
+    src.close()
+
+
+@pytest.mark.parametrize("key,spec,expected,found", [
+    ("x", ("float32", (2, 2)), "expected float32 (2, 2)", "found float_list with 6 value(s)"),
+    ("x", ("float64", (2, 3)), "expected float64 (2, 3)", "found float_list with 6 value(s)"),
+    ("y", ("int32", ()), "expected int32 ()", "found int64_list with 1 value(s)"),
+    ("z", ("uint16", (5,)), "expected uint16 (5,): one bytes_list value of 10 raw bytes",
+     "found a bytes_list value of 8 bytes"),
+])
+def test_wrong_dtype_or_shape_says_expected_and_found(foreign, key, spec, expected, found):
+    src = TFRecordSource(str(foreign / "a.tfrecord"), features={key: spec})
+    with pytest.raises(DataError) as info:
+        src[4]
+    message = str(info.value)
+    assert message.startswith("record 4 at byte ") and f"a.tfrecord: feature {key!r}: {expected}" in message
+    assert found in message
+    src.close()
+
+
+def test_not_an_example_is_a_clear_error(tmp_path):
+    path = write_file(tmp_path / "junk.tfrecord", [b"\xff\xff\xff not protobuf"])
+    with pytest.raises(DataError, match=r"record 0 at byte 0 of .*junk.tfrecord: not a valid tf.train.Example"):
+        TFRecordSource(path, features={"x": "bytes"})[0]
+
+
+def test_missing_files_empty_globs_and_missing_features(tmp_path, foreign):
+    with pytest.raises(FileNotFoundError, match="nope.tfrecord"):
+        TFRecordSource(str(tmp_path / "nope.tfrecord"), features=FOREIGN)
+    with pytest.raises(FileNotFoundError, match="gone.tfrecord"):
+        TFRecordSource([foreign / "a.tfrecord", tmp_path / "gone.tfrecord"], features=FOREIGN)
+    with pytest.raises(DataError, match=r"no files match '.*\*.rec': expected TFRecord files"):
+        TFRecordSource(str(tmp_path / "*.rec"), features=FOREIGN)
+    with pytest.raises(DataError, match="empty list of files"):
+        TFRecordSource([], features=FOREIGN)
+    with pytest.raises(ValueError, match="needs features="):
+        TFRecordSource(str(foreign / "a.tfrecord"))
+    with pytest.raises(DataError, match="has no manifest.json"):
+        TFRecordSource(str(foreign))
+    not_tfrecord = tmp_path / "image.jpg"
+    not_tfrecord.write_bytes(b"\xff\xd8\xff\xe0" + bytes(100))
+    with pytest.raises(DataError, match="CRC mismatch in the length of record 0 at byte 0 of .*image.jpg: not a TFRec"):
+        TFRecordSource(str(not_tfrecord), features=FOREIGN)
+
+
+def test_a_missing_optional_dependency_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "google_crc32c", None)  # makes its import fail
+    monkeypatch.setattr(tfrecord, "_crc32c", tfrecord._crc32c.__wrapped__)  # not the cached one
+    with pytest.raises(ImportError, match=r"needs the google-crc32c package: pip install 'steadyfeed\[tfrecord\]'"):
+        TFRecordSource("anything.tfrecord", features={"x": "bytes"})
+
+
+# -- TensorFlow interop (skipped without tensorflow) ----------------------------------------------
+def test_tf_data_reads_packed_shards(packed):
+    tf = pytest.importorskip("tensorflow", reason="tensorflow is not installed (pip install 'steadyfeed[tf]')",
+                             exc_type=ImportError)
+    import json
+
+    manifest = json.loads((packed / "manifest.json").read_text())
+    spec = {k: tf.io.FixedLenFeature([], tf.string) for k in manifest["features"]}
+    files = sorted(glob.glob(str(packed / "shard-*.tfrecord")))
+    src = TFRecordSource(packed)
+    count = 0
+    for i, record in enumerate(tf.data.TFRecordDataset(files)):
+        parsed = tf.io.parse_single_example(record, spec)
+        for key, f in manifest["features"].items():
+            value = tf.reshape(tf.io.decode_raw(parsed[key], f["dtype"]), f["shape"]).numpy()
+            assert value.dtype == src[i][key].dtype and value.tobytes() == src[i][key].tobytes()
+        count += 1
+    assert count == N
+    src.close()
+
+
+def test_reads_files_written_by_tensorflow(tmp_path):
+    tf = pytest.importorskip("tensorflow", reason="tensorflow is not installed (pip install 'steadyfeed[tf]')",
+                             exc_type=ImportError)
+    path = str(tmp_path / "tf.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for i in range(5):
+            ex = tf.train.Example(features=tf.train.Features(feature={
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=[i, i + 0.5])),
+                "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+                "s": tf.train.Feature(bytes_list=tf.train.BytesList(value=[f"n{i}".encode()])),
+            }))
+            writer.write(ex.SerializeToString())
+    src = TFRecordSource(path, features={"x": ("float32", (2,)), "y": ("int64", ()), "s": "str"})
+    assert [(s["x"].tolist(), int(s["y"]), s["s"]) for s in (src[i] for i in range(5))] == \
+        [([i, i + 0.5], i, f"n{i}") for i in range(5)]
+    src.close()
