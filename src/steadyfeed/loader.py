@@ -16,14 +16,14 @@ import dataclasses
 import itertools
 import os
 import threading
+import time
 import weakref
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from .config import LoaderConfig
-from .errors import SampleError, SampleTimeout, TooManyErrors, WorkerDied, RemoteError
+from .errors import SampleError, SampleTimeout, TooManyErrors, WorkerDied
 from .execution.pool import make_pool
 from .execution.scheduler import EpochRun, Outcome
 from .execution.batch import run_batch
@@ -31,38 +31,11 @@ from .execution.task import BatchTask, SampleFailure, StatusSlot, WorkContext
 from .quarantine import Quarantine, QuarantineEntry
 from .sampling.plan import build_plan
 from .sampling.samplers import SequentialSampler, ShuffleSampler
+from .stats import LoaderStats
 from .sources.base import check_source, close_source, locate
 
 STATE_FORMAT = "steadyfeed.loader/1"
 _ERROR_CLASSES = {"error": SampleError, "timeout": SampleTimeout, "died": WorkerDied}
-
-
-@dataclass
-class LoaderStats:
-    """Counters the loader keeps as it runs; cheap enough to leave on."""
-
-    batches: int = 0
-    samples: int = 0
-    skipped: int = 0
-    wait_seconds: float = 0.0  # consumer time spent waiting for the next batch
-    stage_seconds: dict = field(default_factory=lambda: {"read": 0.0, "transform": 0.0, "collate": 0.0})
-    fill_total: int = 0  # sum over taken batches of how many batches were ready at that moment
-    fill_max: int = 0
-
-    def record_fill(self, ready: int) -> None:
-        self.fill_total += ready
-        self.fill_max = max(self.fill_max, ready)
-
-    def as_dict(self) -> dict:
-        return {
-            "batches": self.batches,
-            "samples": self.samples,
-            "skipped": self.skipped,
-            "wait_seconds": self.wait_seconds,
-            "stage_seconds": dict(self.stage_seconds),
-            "queue_fill_mean": self.fill_total / self.batches if self.batches else 0.0,
-            "queue_fill_max": self.fill_max,
-        }
 
 
 class Loader:
@@ -168,7 +141,10 @@ class Loader:
                            max_blameless_deaths=max(3, 2 * cfg.workers), stats=self._stats)
             skipped_before = self._quarantine.count(epoch)
             planned = sum(spec.num_real for spec in plan)
+            started = time.perf_counter()
             for outcome in run:
+                if outcome.spec.index == start:
+                    self._stats.first_batch_seconds = time.perf_counter() - started
                 batch = self._deliver(outcome, epoch, planned, skipped_before)
                 next_index = outcome.spec.index + 1
                 self._cursor = (epoch + 1, 0) if next_index >= len(plan) else (epoch, next_index)
@@ -235,8 +211,7 @@ class Loader:
                 f"max_error_fraction={self.config.max_error_fraction}; last: sample {failures[-1].sample_id}: "
                 f"{failures[-1].error_type}: {failures[-1].message}. See loader.quarantine_report()."
             )
-        for stage, seconds in outcome.timings.items():
-            self._stats.stage_seconds[stage] = self._stats.stage_seconds.get(stage, 0.0) + seconds
+        self._stats.add_stages(outcome.timings)
         batch = outcome.arrays
         if batch is None:
             return None
@@ -290,6 +265,22 @@ class Loader:
             detail = ", ".join(f"{k}: saved {a!r}, here {b!r}" for k, (a, b) in diff.items())
             raise ValueError(f"this state was saved by a loader with a different plan ({detail})")
         self._cursor = (int(state["epoch"]), int(state["next_batch"]))
+
+    # -- frameworks (imported only when asked for) -------------------------------------
+    def as_keras(self, x="x", y="y", sample_weight=None):
+        """A ``keras.utils.PyDataset`` for fit/evaluate/predict; see ``steadyfeed.keras.KerasDataset``."""
+        from .integration.keras_dataset import KerasDataset
+        return KerasDataset(self, x=x, y=y, sample_weight=sample_weight)
+
+    def as_tf_dataset(self, x=None, y=None):
+        """A ``tf.data.Dataset`` over ``iter(self)`` with an exact signature; see ``integration.tf_dataset``."""
+        from .integration.tf_dataset import to_tf_dataset
+        return to_tf_dataset(self, x=x, y=y)
+
+    def as_torch(self):
+        """A ``torch.utils.data.IterableDataset`` of tensors; see ``integration.torch_dataset``."""
+        from .integration.torch_dataset import TorchBatches
+        return TorchBatches(self)
 
     # -- lifetime -------------------------------------------------------------------------
     def _shutdown_pool(self) -> None:

@@ -194,7 +194,9 @@ class ProcessPool(_WorkerPool):
                 result: BatchResult = worker.conn.recv()
                 task = worker.outstanding.pop(result.task_id)
                 if result.layout is not None:
+                    t0 = time.perf_counter()
                     result.arrays = self._slots.receive(task.shm_name, result.layout)
+                    result.timings["transport"] = time.perf_counter() - t0
                 events.append(Done(result))
         except (EOFError, OSError, pickle.UnpicklingError):
             events.append(self._lose(wid, "died", f"worker process exited with code {worker.process.exitcode}"))

@@ -1,0 +1,56 @@
+"""LoaderStats: what the loader measures about itself as it runs.
+
+Cheap enough to leave on (a few additions per batch, a bounded timeline), so the
+figures behind ``steadyfeed bench`` and the Keras monitor come from the real loader,
+not from a separately instrumented copy.
+
+Stage times are summed over workers (``read``, ``transform``, ``collate`` in the
+workers; ``transport``, copying a batch out of shared memory, in the consumer), so
+with N workers they can add up to N times the wall time. ``wait_seconds`` is the
+consumer's time blocked waiting for the next batch: the training loop's idle time.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+TIMELINE_POINTS = 10_000  # the queue-fill timeline keeps the most recent points only
+STAGES = ("read", "transform", "collate", "transport")
+
+
+@dataclass
+class LoaderStats:
+    batches: int = 0
+    samples: int = 0
+    skipped: int = 0
+    wait_seconds: float = 0.0
+    first_batch_seconds: float | None = None  # latency of the most recent epoch's first batch
+    stage_seconds: dict = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    fill_total: int = 0  # sum over taken batches of how many batches were ready at that moment
+    fill_max: int = 0
+    fill_timeline: deque = field(default_factory=lambda: deque(maxlen=TIMELINE_POINTS))
+    started: float = field(default_factory=time.monotonic)
+
+    def record_fill(self, ready: int) -> None:
+        """Called as each batch is taken: the queue watermark at that moment."""
+        self.fill_total += ready
+        self.fill_max = max(self.fill_max, ready)
+        self.fill_timeline.append((time.monotonic() - self.started, ready))
+
+    def add_stages(self, timings: dict) -> None:
+        for stage, seconds in timings.items():
+            self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + seconds
+
+    def as_dict(self) -> dict:
+        return {
+            "batches": self.batches,
+            "samples": self.samples,
+            "skipped": self.skipped,
+            "wait_seconds": self.wait_seconds,
+            "first_batch_seconds": self.first_batch_seconds,
+            "stage_seconds": dict(self.stage_seconds),
+            "queue_fill_mean": self.fill_total / self.batches if self.batches else 0.0,
+            "queue_fill_max": self.fill_max,
+            "queue_fill_timeline": list(self.fill_timeline),
+        }
