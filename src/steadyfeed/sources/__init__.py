@@ -14,6 +14,7 @@ from .tfrecord import TFRecordSource
 
 # name -> module that defines it, imported when the name is first used
 OPTIONAL = {
+    "Hdf5Source": ".hdf5",
     "ImageFolder": ".images",
 }
 

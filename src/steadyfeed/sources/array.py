@@ -5,7 +5,7 @@ import mmap
 
 import numpy as np
 
-from .base import MappedFile
+from .base import MappedFile, split_rows
 
 
 def _mapped_file(a: np.ndarray) -> MappedFile | None:
@@ -49,10 +49,12 @@ class ArraySource:
             raise IndexError(f"sample id {i} out of range for ArraySource of length {self._len}")
         return {name: a[i] for name, a in self.arrays.items()}
 
-    def read_many(self, ids) -> list[dict]:
+    def read_batch(self, ids) -> dict[str, np.ndarray]:
         ids = np.asarray(ids, dtype=np.int64)
-        columns = {name: a[ids] for name, a in self.arrays.items()}  # one gather per array
-        return [{name: col[k] for name, col in columns.items()} for k in range(len(ids))]
+        return {name: a[ids] for name, a in self.arrays.items()}  # one gather per array
+
+    def read_many(self, ids) -> list[dict]:
+        return split_rows(self.read_batch(ids))
 
     def locate(self, i: int) -> str:
         return f"ArraySource row {i}"

@@ -1,0 +1,261 @@
+"""Hdf5Source: named datasets of one HDF5 file, checked at construction, read lazily per process."""
+import pickle
+import subprocess
+import sys
+import textwrap
+import threading
+
+import h5py
+import numpy as np
+import psutil
+import pytest
+
+from steadyfeed import DataError, Loader, SampleError
+from steadyfeed.sources import hdf5
+from steadyfeed.sources.hdf5 import Hdf5Source
+
+from helpers import assert_paired, label_of
+
+pytestmark = pytest.mark.timeout(60)
+
+WIDTH = 4  # x row i holds i*WIDTH .. i*WIDTH+3, which assert_paired checks against the id
+
+
+def paired_rows(start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    x = np.arange(start * WIDTH, stop * WIDTH, dtype=np.float64).reshape(-1, WIDTH)
+    return x, label_of(x)
+
+
+def write_paired(path, n: int, **dataset_options) -> str:
+    x, y = paired_rows(0, n)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", data=x, **dataset_options)
+        f.create_dataset("meta/labels", data=y)
+    return str(path)
+
+
+@pytest.fixture
+def paired_file(tmp_path):
+    return write_paired(tmp_path / "d.h5", 300, chunks=(16, WIDTH))
+
+
+def delivered(loader) -> np.ndarray:
+    batches = list(loader)
+    for batch in batches:
+        assert_paired(batch)
+    return np.concatenate([b["id"] for b in batches])
+
+
+# -- what it serves ---------------------------------------------------------------------------
+
+def test_fields_are_named_after_the_arguments(tmp_path):
+    images = np.random.default_rng(0).integers(0, 255, (50, 8, 8, 3), dtype=np.uint8)
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f.create_dataset("images", data=images, chunks=(16, 8, 8, 3))
+        f["labels"] = np.arange(50, dtype=np.int64) * 7
+    src = Hdf5Source(tmp_path / "d.h5", x="/images", y="/labels")
+    assert len(src) == 50
+    sample = src[17]
+    assert sorted(sample) == ["x", "y"]
+    assert sample["x"].dtype == np.uint8 and sample["x"].shape == (8, 8, 3)
+    np.testing.assert_array_equal(sample["x"], images[17])
+    assert sample["y"] == 17 * 7
+    with pytest.raises(IndexError, match="out of range"):
+        src[50]
+
+
+@pytest.mark.parametrize("gap_bytes", [0, 100, hdf5.GAP_BYTES])  # runs only; runs and spans; spans
+@pytest.mark.parametrize("layout", [{}, {"chunks": (16, WIDTH)}, {"chunks": (16, WIDTH), "compression": "gzip"}],
+                         ids=["contiguous", "chunked", "gzip"])
+def test_read_many_returns_per_sample_rows_for_shuffled_ids_with_repeats(tmp_path, layout, gap_bytes, monkeypatch):
+    monkeypatch.setattr(hdf5, "GAP_BYTES", gap_bytes)
+    src = Hdf5Source(write_paired(tmp_path / "d.h5", 300, **layout), x="/images", y="/meta/labels")
+    rng = np.random.default_rng(1)
+    ids = np.concatenate([rng.integers(0, 300, 40), [7, 7, 299, 0], np.arange(100, 120), rng.permutation(300)[:30]])
+    rng.shuffle(ids)
+    batch = src.read_many(ids)
+    assert len(batch) == len(ids)
+    expected_x, expected_y = paired_rows(0, 300)
+    for i, sample in zip(ids, batch):
+        np.testing.assert_array_equal(sample["x"], src[i]["x"])
+        np.testing.assert_array_equal(sample["x"], expected_x[i])
+        assert sample["y"] == src[i]["y"] == expected_y[i]
+
+
+def test_concurrent_reads_from_threads_share_one_file_correctly(paired_file):
+    src = Hdf5Source(paired_file, x="/images", y="/meta/labels")
+    expected_x, _ = paired_rows(0, 300)
+    errors = []
+
+    def reader(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(40):
+                ids = rng.integers(0, 300, 16)
+                got = np.stack([s["x"] for s in src.read_many(ids)])
+                np.testing.assert_array_equal(got, expected_x[ids])
+        except Exception as exc:  # reported below: an assertion in a thread would be lost
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    src.close()
+    assert errors == []
+
+
+# -- through the loader -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_exactly_once_through_the_loader_with_shuffle(paired_file, mode, no_leaks):
+    src = Hdf5Source(paired_file, x="/images", y="/meta/labels")
+    with Loader(src, 32, shuffle=True, seed=3, workers=2, mode=mode, with_ids=True) as loader:
+        for epoch in range(2):
+            ids = delivered(loader.epoch(epoch))
+            assert sorted(ids.tolist()) == list(range(300))
+
+
+def test_an_unreadable_chunk_fails_its_samples_naming_file_dataset_and_rows(tmp_path, no_leaks):
+    path = write_paired(tmp_path / "d.h5", 64, chunks=(16, WIDTH), compression="gzip")
+    with h5py.File(path, "r") as f:
+        chunk = f["images"].id.get_chunk_info(1)  # rows 16..31
+    with open(path, "r+b") as raw:
+        raw.seek(chunk.byte_offset)
+        raw.write(b"\xff" * chunk.size)
+    src = Hdf5Source(path, x="/images", y="/meta/labels")
+    with pytest.raises(DataError, match=r"cannot read rows 20\.\.20 of dataset /images") as info:
+        src[20]
+    assert path in str(info.value)
+    with Loader(src, 8, workers=2, mode="thread", on_error="skip", with_ids=True, max_error_fraction=0.5) as loader:
+        ids = delivered(loader)
+        report = loader.quarantine_report()
+    assert sorted(ids.tolist()) == [i for i in range(64) if not 16 <= i < 32]
+    assert len(report) == 16
+    with Loader(src, 8) as loader, pytest.raises(SampleError) as info:
+        list(loader)
+    assert info.value.sample_id == 16 and path in info.value.location
+    assert isinstance(info.value.__cause__, DataError)
+
+
+# -- construction-time checks -----------------------------------------------------------------
+
+def test_length_mismatch_names_the_datasets_and_their_lengths(tmp_path):
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f["images"] = np.zeros((10, 2))
+        f["labels"] = np.zeros(9)
+    with pytest.raises(DataError, match="/images has 10 rows, /labels has 9 rows") as info:
+        Hdf5Source(tmp_path / "d.h5", x="/images", y="/labels")
+    assert str(tmp_path / "d.h5") in str(info.value)
+
+
+def test_a_missing_dataset_is_named_with_the_datasets_that_exist(paired_file):
+    with pytest.raises(DataError, match="no dataset /labels; datasets in the file: /images, /meta/labels") as info:
+        Hdf5Source(paired_file, x="/images", y="/labels")
+    assert paired_file in str(info.value)
+    with pytest.raises(DataError, match="/meta is a group, not a dataset"):
+        Hdf5Source(paired_file, x="/meta")
+
+
+def test_a_missing_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such HDF5 file") as info:
+        Hdf5Source(tmp_path / "nope.h5", x="/images")
+    assert info.value.filename == str(tmp_path / "nope.h5")
+
+
+@pytest.mark.parametrize("damage,what", [("text", "is not an HDF5 file"), ("truncate", "truncated")])
+def test_a_non_hdf5_or_truncated_file_is_a_clear_error(paired_file, damage, what):
+    data = open(paired_file, "rb").read()
+    with open(paired_file, "wb") as f:
+        f.write(b"x,y\n1,2\n" if damage == "text" else data[: len(data) // 2])
+    with pytest.raises(DataError, match=what) as info:
+        Hdf5Source(paired_file, x="/images")
+    assert paired_file in str(info.value)
+
+
+# -- handles ----------------------------------------------------------------------------------
+
+def test_pickle_carries_no_handle_and_reopens(paired_file):
+    src = Hdf5Source(paired_file, x="/images", y="/meta/labels")
+    src[5]  # the file is open now
+    blob = pickle.dumps(src)  # h5py objects refuse to pickle: this fails if a handle travels
+    assert len(blob) < 2000
+    back = pickle.loads(blob)
+    np.testing.assert_array_equal(back[5]["x"], src[5]["x"])
+    back.close()
+    src.close()
+
+
+def test_close_releases_the_file_and_the_next_read_reopens(paired_file):
+    me = psutil.Process()
+    before = me.num_fds()
+    src = Hdf5Source(paired_file, x="/images", y="/meta/labels")
+    assert me.num_fds() == before  # construction checks the file, then closes it
+    src[0]
+    assert me.num_fds() > before
+    src.close()
+    assert me.num_fds() == before
+    assert src[1]["y"] == label_of(paired_rows(1, 2)[0])[0]
+    src.close()
+    assert me.num_fds() == before
+
+
+def test_fingerprint_follows_the_file_and_the_datasets(paired_file):
+    a = Hdf5Source(paired_file, x="/images", y="/meta/labels")
+    before = a.fingerprint()
+    assert before == Hdf5Source(paired_file, x="/images", y="/meta/labels").fingerprint()
+    assert before != Hdf5Source(paired_file, x="/images").fingerprint()
+    write_paired(paired_file, 400)
+    assert a.fingerprint() != before
+    assert "row 7" in a.locate(7) and paired_file in a.locate(7)
+
+
+# -- SWMR -------------------------------------------------------------------------------------
+
+SWMR_WRITER = textwrap.dedent("""
+    import sys, h5py, numpy as np
+    with h5py.File(sys.argv[1], "w", libver="latest") as f:
+        x = f.create_dataset("images", (0, 4), np.float64, maxshape=(None, 4), chunks=(16, 4))
+        y = f.create_dataset("labels", (0,), np.float64, maxshape=(None,), chunks=(16,))
+        f.swmr_mode = True
+        for line in sys.stdin:  # "x 10": append 10 paired rows to /images; "y 10": to /labels
+            name, count = line.split()
+            ds = x if name == "x" else y
+            n = ds.shape[0]
+            rows = np.arange(n * 4, (n + int(count)) * 4, dtype=np.float64).reshape(-1, 4)
+            ds.resize(n + int(count), axis=0)
+            ds[n:] = rows if name == "x" else rows.sum(axis=1) * 3 + 1
+            ds.flush()
+            print(ds.shape[0], flush=True)
+""")
+
+
+def test_swmr_reads_a_file_still_being_written(tmp_path, no_leaks):
+    path = str(tmp_path / "live.h5")
+    with subprocess.Popen([sys.executable, "-c", SWMR_WRITER, path], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as writer:
+        def append(name, count):
+            writer.stdin.write(f"{name} {count}\n")
+            writer.stdin.flush()
+            return int(writer.stdout.readline())  # the writer has flushed
+
+        append("x", 100), append("y", 100)
+        with pytest.raises(DataError, match="swmr=True"):
+            Hdf5Source(path, x="/images", y="/labels")
+        src = Hdf5Source(path, swmr=True, x="/images", y="/labels")
+        assert len(src) == 100
+        with Loader(src, 16, shuffle=True, workers=2, mode="thread", with_ids=True) as loader:
+            assert sorted(delivered(loader).tolist()) == list(range(100))
+        assert src[99]["y"] == label_of(paired_rows(99, 100)[0])[0]  # the file is open in this process again
+        append("x", 28), append("y", 28)
+        assert len(Hdf5Source(path, swmr=True, x="/images", y="/labels")) == 100  # the shared file's lengths
+        src.close()
+        assert append("x", 28) == 156
+        grown = Hdf5Source(path, swmr=True, x="/images", y="/labels")
+        assert len(grown) == 128  # the rows both datasets have
+        ids = np.array([127, 3, 126, 64])  # one read spanning chunks written after the first open
+        assert_paired({key: np.stack([s[key] for s in grown.read_many(ids)]) for key in ("x", "y")} | {"id": ids})
+        grown.close()
+        writer.stdin.close()
+        assert writer.wait(10) == 0
