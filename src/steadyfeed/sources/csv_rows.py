@@ -36,19 +36,18 @@ import csv
 import hashlib
 import io
 import os
-import threading
-import warnings
 from array import array
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import DataError
+from . import index_cache
 from .base import LazyHandles, file_fingerprint
+from .index_cache import SUFFIX  # noqa: F401 - part of this module's interface (where the index is cached)
 
-FORMAT_VERSION = 1
-SUFFIX = ".sfidx.npy"
-_META = 8  # int64 slots ahead of the offsets in a cache file: see _Index.meta
+FORMAT_VERSION = 2  # of the cached index's payload (see _Index.save)
+_HEAD = 3  # payload words ahead of the offsets: rows, line0, has lines
 _CHUNK = 1 << 24  # bytes per numpy pass of the quote-free scan: bounds its temporary memory
 _BOM = codecs.BOM_UTF8
 _MAX_SHOWN = 40  # characters of a bad value quoted in an error message
@@ -56,7 +55,7 @@ _MAX_SHOWN = 40  # characters of a bad value quoted in an error message
 
 @dataclass(frozen=True)
 class _Dialect:
-    """How the file is parsed; every field takes part in the index's cache stamp."""
+    """How the file is parsed; every field takes part in the index's cache stamp (via digest)."""
 
     delimiter: str
     quotechar: str | None
@@ -88,7 +87,7 @@ class _Dialect:
         return [ord(c) for c in (self.quotechar, self.escapechar) if c]
 
     def digest(self) -> int:
-        text = repr((FORMAT_VERSION, self.delimiter, self.quotechar, self.escapechar,
+        text = repr((self.delimiter, self.quotechar, self.escapechar,
                      codecs.lookup(self.encoding).name, self.header, self.max_row_bytes))
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little", signed=True)
 
@@ -190,47 +189,26 @@ class _Index:
     def line(self, i: int) -> int:
         return int(self.lines[i]) if self.lines is not None else self.line0 + i
 
-    def meta(self, stamp: tuple) -> list[int]:
-        """version, size, mtime_ns, dialect digest, data start | rows, line0, has lines."""
-        return [*stamp, len(self), self.line0, int(self.lines is not None)]
-
     def save(self, cache: str, stamp: tuple) -> None:
-        """Written whole under a temporary name, then renamed: readers never see half a file."""
-        tmp = f"{cache}.{os.getpid()}-{threading.get_ident()}.tmp"  # unique to this writer
-        try:
-            with open(tmp, "wb") as f:
-                parts = [np.array(self.meta(stamp), np.int64), self.offsets]
-                np.save(f, np.concatenate(parts + ([self.lines] if self.lines is not None else [])))
-            os.replace(tmp, cache)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        """Cached (atomically) as the payload ``rows, line0, has lines | offsets | lines if any``."""
+        head = np.array([len(self), self.line0, int(self.lines is not None)], np.int64)
+        lines = [self.lines] if self.lines is not None else []
+        index_cache.save(cache, stamp, np.concatenate([head, self.offsets, *lines]))
 
     @classmethod
-    def load(cls, cache: str, stamp: tuple) -> "_Index | None":
-        """The cached index (memory-mapped) when its stamp and shape check out, else None."""
-        try:
-            a = np.load(cache, mmap_mode="r").view(np.ndarray)  # a plain view: slicing a memmap costs microseconds
-        except (OSError, ValueError, EOFError):
+    def load(cls, cache: str, stamp: tuple, start: int, end: int) -> "_Index | None":
+        """The cached index (memory-mapped) when its stamp and shape check out and its rows lie
+        between the data ``start`` and the file's ``end``, else None."""
+        a = index_cache.load(cache, stamp, mmap=True)
+        if a is None or a.ndim != 1 or len(a) < _HEAD:
             return None
-        head = len(stamp)
-        if a.dtype != np.int64 or a.ndim != 1 or len(a) < _META or a[:head].tolist() != list(stamp):
+        rows, line0, has_lines = (int(v) for v in a[:_HEAD])
+        if rows < 0 or has_lines not in (0, 1) or len(a) != _HEAD + rows + 1 + rows * has_lines:
             return None
-        rows, line0, has_lines = (int(v) for v in a[head:_META])
-        if rows < 0 or has_lines not in (0, 1) or len(a) != _META + rows + 1 + rows * has_lines:
+        offsets = a[_HEAD:_HEAD + rows + 1]
+        if offsets[0] < start or offsets[-1] != end:
             return None
-        offsets = a[_META:_META + rows + 1]
-        if offsets[0] < stamp[4] or offsets[-1] != stamp[1]:  # rows lie between the data start and the file end
-            return None
-        return cls(offsets, a[_META + rows + 1:] if has_lines else None, line0)
-
-
-def _cache_path(path: str, cache_dir) -> str:
-    """Beside the file, or in ``cache_dir`` under a name unique to the file's absolute path."""
-    if cache_dir is None:
-        return path + SUFFIX
-    tag = hashlib.sha256(os.path.abspath(path).encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return os.path.join(os.fspath(cache_dir), f"{tag}-{os.path.basename(path)}{SUFFIX}")
+        return cls(offsets, a[_HEAD + rows + 1:] if has_lines else None, line0)
 
 
 def _read_header(path: str, dialect: _Dialect) -> tuple[list[str] | None, int, int, int]:
@@ -343,31 +321,32 @@ class CsvSource:
         names, start, line, self._nfields = _read_header(self.path, self.dialect)
         self._field_origin = "as in the header" if header else "as in the first row"
         self.keys = _select(self.path, keys, dict(dtypes or {}), names, self._nfields)
-        self._stamp = (FORMAT_VERSION, st.st_size, st.st_mtime_ns, self.dialect.digest(), start)
-        self._cache = _cache_path(self.path, cache_dir)
-        index = _Index.load(self._cache, self._stamp)  # (an index of 0 rows is falsy: compare with None)
-        self._index = self._build(start, line) if index is None else index
+        self._stamp = index_cache.file_stamp(st, FORMAT_VERSION, self.dialect.digest(), start)
+        self._span = (start, st.st_size)  # where the rows lie
+        self._cache = index_cache.cache_path(self.path, cache_dir)
+        index = _Index.load(self._cache, self._stamp, *self._span)  # (an index of 0 rows is falsy: compare with None)
+        self._index = self._build(st, line) if index is None else index
         self._len = len(self._index)
         self._handles = LazyHandles(_Opener(self.path, st.st_size, st.st_mtime_ns), os.close)
 
-    def _build(self, start: int, line: int) -> _Index:
-        index = _Index.build(self.path, self.dialect, start, line)
-        st = os.stat(self.path)
-        if (st.st_size, st.st_mtime_ns) != self._stamp[1:3]:
+    def _build(self, st: os.stat_result, line: int) -> _Index:
+        """Index the file (as ``st`` describes it) and cache the index if it can be saved."""
+        index = _Index.build(self.path, self.dialect, self._span[0], line)
+        now = os.stat(self.path)
+        if (now.st_size, now.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
             raise DataError(f"{self.path}: changed while it was being indexed; try again once it is complete")
         try:
-            os.makedirs(os.path.dirname(self._cache) or ".", exist_ok=True)
             index.save(self._cache, self._stamp)
         except OSError as exc:
+            index_cache.warn_unsaved(f"CsvSource could not save the index of {self.path}", self._cache, exc,
+                                     stacklevel=3)
             self._cache = None  # the index then travels in the pickle
-            warnings.warn(f"CsvSource could not save the index of {self.path} ({exc}); it is rebuilt every "
-                          f"time. Pass cache_dir= a writable directory.", stacklevel=3)
         return index
 
     def _idx(self) -> _Index:
         index = self._index
         if index is None:  # dropped by close() or pickling: reload (two threads may both; either copy is right)
-            index = self._index = _Index.load(self._cache, self._stamp)
+            index = self._index = _Index.load(self._cache, self._stamp, *self._span)
             if index is None:
                 raise DataError(f"{self.path}: its index {self._cache} is gone or was rebuilt for a changed "
                                 f"file; build a new CsvSource")

@@ -1,0 +1,33 @@
+"""TFRecord files of ``tf.train.Example`` as a random-access source, and the pieces
+``steadyfeed.pack`` writes them with. TensorFlow is never needed.
+
+One module per concept, each documenting its part of the on-disk encoding:
+
+* :mod:`.framing`: TensorFlow's record framing and masked CRC32C, writing and reading
+  records, and the cached offset index (``<file>.sfidx.npy``);
+* :mod:`.example`: ``tf.train.Example`` without TensorFlow, feature specs and the two
+  accepted encodings of an array feature;
+* :mod:`.manifest`: ``manifest.json`` of a packed directory;
+* :mod:`.source`: :class:`TFRecordSource`;
+* :mod:`.optional`: protobuf and google-crc32c, imported on first use.
+
+The names below are this package's interface; import them from here.
+"""
+from .example import (
+    NATIVE_LISTS, VARIABLE_KINDS, FeatureSpec, check_sample, decode_example, encode_example, example_classes,
+    infer_specs, parse_features,
+)
+from .framing import (
+    FRAMING_BYTES, HEADER_BYTES, INDEX_SUFFIX, INDEX_VERSION, RecordWriter, frame, index_path, load_index,
+    masked_crc, read_record, record_name, save_index, scan,
+)
+from .manifest import MANIFEST_FORMAT, MANIFEST_NAME, MANIFEST_VERSION, manifest_dict, read_manifest
+from .source import TFRecordSource, require_support
+
+__all__ = [
+    "FRAMING_BYTES", "HEADER_BYTES", "INDEX_SUFFIX", "INDEX_VERSION", "MANIFEST_FORMAT", "MANIFEST_NAME",
+    "MANIFEST_VERSION", "NATIVE_LISTS", "VARIABLE_KINDS", "FeatureSpec", "RecordWriter", "TFRecordSource",
+    "check_sample", "decode_example", "encode_example", "example_classes", "frame", "index_path", "infer_specs",
+    "load_index", "manifest_dict", "masked_crc", "parse_features", "read_manifest", "read_record", "record_name",
+    "require_support", "save_index", "scan",
+]

@@ -1,0 +1,244 @@
+"""``tf.train.Example`` without TensorFlow: the message classes, feature specs, and the
+encoding of a sample as one Example.
+
+**Features**: ``features`` maps each output key to a spec: ``(dtype, shape)`` such as
+``("float32", (64, 64, 3))`` or ``("int64", ())``; a dtype string alone (a scalar); or
+``"bytes"`` / ``"str"`` for one variable-length value returned as Python ``bytes`` / ``str``.
+An array feature is accepted in either of two encodings:
+
+* TensorFlow's native lists: a ``float_list`` (dtype float32) or ``int64_list`` (dtype int64)
+  of exactly ``prod(shape)`` values, as ``tf.io.FixedLenFeature`` writes them;
+* **raw bytes** (what ``pack`` writes for every array, any dtype): a ``bytes_list`` holding one
+  value, the array's C-order bytes in little-endian byte order. dtype and shape are not in the
+  record; they come from the spec (for packed data, from the manifest). tf.data reads them as::
+
+      manifest = json.load(open(f"{out_dir}/manifest.json"))
+      spec = {k: tf.io.FixedLenFeature([], tf.string) for k in manifest["features"]}
+      def parse(record):
+          ex = tf.io.parse_single_example(record, spec)
+          return {k: ex[k] if f["dtype"] in ("bytes", "str")
+                  else tf.reshape(tf.io.decode_raw(ex[k], f["dtype"]), f["shape"])
+                  for k, f in manifest["features"].items()}
+      tf.data.TFRecordDataset(sorted(glob.glob(f"{out_dir}/shard-*.tfrecord"))).map(parse)
+
+A missing feature, a feature of another kind, count or byte size raises :class:`DataError`
+naming the file, the record and the key, with what was expected and what was found.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from ...errors import DataError
+from .optional import require
+
+VARIABLE_KINDS = ("bytes", "str")
+NATIVE_LISTS = {"float32": "float_list", "int64": "int64_list"}  # what tf.io.FixedLenFeature reads
+
+
+@functools.lru_cache(maxsize=None)
+def example_classes() -> dict[str, type]:
+    """Message classes wire-compatible with tensorflow/core/example/{feature,example}.proto.
+
+    Built from a descriptor in a private pool, so they never clash with TensorFlow's own
+    ``tensorflow.Example`` when both are imported.
+    """
+    descriptor_pb2 = require("google.protobuf.descriptor_pb2", "protobuf")
+    pool_module = require("google.protobuf.descriptor_pool", "protobuf")
+    factory = require("google.protobuf.message_factory", "protobuf")
+    F = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="steadyfeed/tf_example.proto", package="tensorflow",
+                                               syntax="proto3")
+
+    def message(name, *fields):
+        msg = proto.message_type.add(name=name)
+        for field_name, number, ftype, label, type_name in fields:
+            field = msg.field.add(name=field_name, number=number, type=ftype, label=label)
+            if type_name:
+                field.type_name = type_name
+        return msg
+
+    repeated, optional = F.LABEL_REPEATED, F.LABEL_OPTIONAL
+    message("BytesList", ("value", 1, F.TYPE_BYTES, repeated, ""))
+    message("FloatList", ("value", 1, F.TYPE_FLOAT, repeated, ""))
+    message("Int64List", ("value", 1, F.TYPE_INT64, repeated, ""))
+    feature = message("Feature", *[(kind, n, F.TYPE_MESSAGE, optional, f".tensorflow.{cls}")
+                                   for n, (kind, cls) in enumerate(
+                                       [("bytes_list", "BytesList"), ("float_list", "FloatList"),
+                                        ("int64_list", "Int64List")], start=1)])
+    feature.oneof_decl.add(name="kind")
+    for field in feature.field:
+        field.oneof_index = 0
+    features = message("Features", ("feature", 1, F.TYPE_MESSAGE, repeated, ".tensorflow.Features.FeatureEntry"))
+    entry = features.nested_type.add(name="FeatureEntry")  # what `map<string, Feature>` compiles to
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=optional)
+    entry.field.add(name="value", number=2, type=F.TYPE_MESSAGE, label=optional, type_name=".tensorflow.Feature")
+    message("Example", ("features", 1, F.TYPE_MESSAGE, optional, ".tensorflow.Features"))
+    pool = pool_module.DescriptorPool()
+    pool.Add(proto)
+    names = ("BytesList", "FloatList", "Int64List", "Feature", "Features", "Example")
+    return {name: factory.GetMessageClass(pool.FindMessageTypeByName(f"tensorflow.{name}")) for name in names}
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    """A portable name: "float32" for numbers and bools, the little-endian dtype string otherwise."""
+    return dtype.name if dtype.kind in "biufc" else dtype.newbyteorder("<").str
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """What one feature holds: ``dtype`` ("bytes", "str" or a numpy dtype name) and ``shape``."""
+
+    dtype: str
+    shape: tuple = ()
+
+    @classmethod
+    def parse(cls, key: str, spec: Any) -> "FeatureSpec":
+        """From a user's spec: a FeatureSpec, "bytes", "str", a dtype, (dtype, shape) or a manifest dict."""
+        try:
+            if isinstance(spec, FeatureSpec):
+                return spec
+            if isinstance(spec, Mapping):
+                spec = (spec["dtype"], spec.get("shape", ()))
+            if isinstance(spec, str) and spec in VARIABLE_KINDS:
+                return cls(spec)
+            dtype, shape = (spec, ()) if not isinstance(spec, (tuple, list)) else spec
+            if dtype in VARIABLE_KINDS:
+                return cls(dtype)
+            shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+            if any(d < 0 for d in shape):
+                raise ValueError("negative dimension")
+            dt = np.dtype(dtype)
+            if dt.kind in "OV":
+                raise ValueError(f"dtype {dt} has no byte encoding")
+            return cls(_dtype_name(dt), shape)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ValueError(f"feature {key!r}: cannot read spec {spec!r} ({exc}); expected (dtype, shape) such "
+                             f"as ('float32', (64, 64, 3)), a dtype for a scalar, 'bytes' or 'str'") from exc
+
+    @classmethod
+    def of(cls, value: Any) -> "FeatureSpec":
+        """The spec a sample value has: bytes/str (also 0-d) are variable-length, the rest arrays."""
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return cls("bytes")
+        if isinstance(value, str):
+            return cls("str")
+        arr = np.asarray(value)
+        if arr.ndim == 0 and arr.dtype.kind in "SU":
+            return cls("bytes" if arr.dtype.kind == "S" else "str")
+        if arr.dtype.kind in "OV":
+            raise DataError(f"dtype {arr.dtype} cannot be packed: use numbers, bools, bytes or str")
+        return cls(_dtype_name(arr.dtype), arr.shape)
+
+    @functools.cached_property  # a frozen dataclass still has a __dict__ for it
+    def np_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype).newbyteorder("<")
+
+    def describe(self) -> str:
+        return self.dtype if self.dtype in VARIABLE_KINDS else f"{self.dtype} {self.shape}"
+
+    def to_json(self) -> dict:
+        return {"dtype": self.dtype, "shape": list(self.shape)}
+
+    def encode(self, value: Any) -> bytes:
+        """The raw bytes written for a value of this spec (checked beforehand with ``of``)."""
+        if self.dtype == "bytes":
+            return value.tobytes() if isinstance(value, np.ndarray) else bytes(value)
+        if self.dtype == "str":
+            return str(value[()] if isinstance(value, np.ndarray) else value).encode("utf-8")
+        return np.asarray(value, dtype=self.np_dtype).tobytes()
+
+    def decode(self, feature, key: str):
+        """The value of a parsed ``Feature``, or DataError saying what was expected and found."""
+        kind = feature.WhichOneof("kind")
+        if kind == "bytes_list" and len(feature.bytes_list.value) == 1:
+            return self._from_bytes(feature.bytes_list.value[0], key)
+        if kind is not None and kind == NATIVE_LISTS.get(self.dtype):
+            values = getattr(feature, kind).value
+            if len(values) == math.prod(self.shape):
+                return np.array(values, dtype=self.np_dtype).reshape(self.shape)
+        count = len(getattr(feature, kind).value) if kind else 0
+        raise DataError(f"feature {key!r}: expected {self._expected()}, found {kind or 'an empty feature'} "
+                        f"with {count} value(s)")
+
+    def _from_bytes(self, raw: bytes, key: str):
+        if self.dtype == "bytes":
+            return raw
+        if self.dtype == "str":
+            try:
+                return raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"feature {key!r}: expected a UTF-8 str, found invalid UTF-8 ({exc})") from None
+        dtype = self.np_dtype
+        if len(raw) != dtype.itemsize * math.prod(self.shape):
+            raise DataError(f"feature {key!r}: expected {self._expected()}, found a bytes_list value of "
+                            f"{len(raw)} bytes")
+        return np.frombuffer(raw, dtype=dtype).reshape(self.shape)
+
+    def _expected(self) -> str:
+        if self.dtype in VARIABLE_KINDS:
+            return f"{self.dtype}: a bytes_list of one value"
+        size = math.prod(self.shape)
+        native = NATIVE_LISTS.get(self.dtype)
+        also = f" or a {native} of {size} values" if native else ""
+        return f"{self.describe()}: one bytes_list value of {self.np_dtype.itemsize * size} raw bytes{also}"
+
+
+def parse_features(features: Mapping[str, Any]) -> dict[str, FeatureSpec]:
+    return {str(key): FeatureSpec.parse(str(key), spec) for key, spec in features.items()}
+
+
+def _check_mapping(sample: Any) -> None:
+    if not isinstance(sample, Mapping):
+        raise DataError(f"a sample must be a dict of arrays, got {type(sample).__name__}")
+
+
+def infer_specs(sample: Mapping[str, Any]) -> dict[str, FeatureSpec]:
+    """The specs of a sample's values (what ``pack`` records from the first sample)."""
+    _check_mapping(sample)
+    for key in sample:
+        if not isinstance(key, str):
+            raise DataError(f"sample keys must be str, got {key!r}")
+    return {key: FeatureSpec.of(value) for key, value in sample.items()}
+
+
+def check_sample(sample: Mapping[str, Any], specs: Mapping[str, FeatureSpec]) -> None:
+    """DataError unless ``sample`` has exactly the keys of ``specs``, each with its dtype and shape."""
+    _check_mapping(sample)
+    if sample.keys() != specs.keys():
+        raise DataError(f"keys {sorted(sample)} differ from the first sample's {sorted(specs)}")
+    for key, spec in specs.items():
+        found = FeatureSpec.of(sample[key])
+        if found != spec:
+            raise DataError(f"key {key!r}: expected {spec.describe()} (as in the first sample), "
+                            f"found {found.describe()}")
+
+
+def encode_example(sample: Mapping[str, Any], specs: Mapping[str, FeatureSpec]) -> bytes:
+    """A serialized tf.train.Example with one raw bytes_list value per key (deterministic bytes)."""
+    example = example_classes()["Example"]()
+    feature_map = example.features.feature
+    for key, spec in specs.items():
+        feature_map[key].bytes_list.value.append(spec.encode(sample[key]))
+    return example.SerializeToString(deterministic=True)
+
+
+def decode_example(data: bytes, specs: Mapping[str, FeatureSpec]) -> dict:
+    """The sample in a serialized tf.train.Example, one value per spec; DataError (without
+    the record's location, which the caller adds) when it does not match the specs."""
+    try:
+        example = example_classes()["Example"].FromString(data)
+    except Exception as exc:  # protobuf's DecodeError; its module is optional
+        raise DataError(f"not a valid tf.train.Example ({exc})") from None
+    feature_map = example.features.feature
+    sample = {}
+    for key, spec in specs.items():
+        if key not in feature_map:  # test first: indexing a message map inserts the key
+            raise DataError(f"feature {key!r} is missing (the record has {sorted(feature_map)})")
+        sample[key] = spec.decode(feature_map[key], key)
+    return sample
