@@ -134,6 +134,7 @@ class Loader:
             raise RuntimeError("this Loader is already running an epoch; finish or close that iterator first")
         cfg = self.config
         finished = False
+        started = time.perf_counter()  # first-batch latency includes starting the workers
         try:
             run = EpochRun(self._ensure_pool(), plan, epoch=epoch, start=start,
                            prefetch=cfg.effective_prefetch, retries=cfg.retries,
@@ -141,7 +142,6 @@ class Loader:
                            max_blameless_deaths=max(3, 2 * cfg.workers), stats=self._stats)
             skipped_before = self._quarantine.count(epoch)
             planned = sum(spec.num_real for spec in plan)
-            started = time.perf_counter()
             for outcome in run:
                 if outcome.spec.index == start:
                     self._stats.first_batch_seconds = time.perf_counter() - started

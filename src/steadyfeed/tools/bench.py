@@ -1,0 +1,435 @@
+"""Benchmark one loader over a grid of ``workers`` x ``mode``, and say what limits it.
+
+    from steadyfeed.tools.bench import bench, grid
+    report = bench(loader, grid([0, 1, 2], ["thread", "process"]), max_batches=100, consumer_ms=20)
+    report.recommendation.setting, report.bottleneck.reason, report.as_dict()
+
+What is guaranteed:
+
+* every setting runs on ``loader.replace(workers=..., mode=...)``: the same source,
+  transform, batch size and seed; ``loader`` itself is never iterated;
+* settings run one after another, each loader closed before the next starts, so no
+  worker, CPU time or memory of one setting is counted in another;
+* a setting that raises (a ``SampleError``, a worker that cannot start, ...) is recorded
+  with its error and the remaining settings still run;
+* the first ``warmup`` batches (worker start-up included) are left out of throughput,
+  stage times, queue fill and CPU; the latency of the first batch, start-up included,
+  is reported on its own (``first_batch_seconds``);
+* the figures come from ``loader.stats()``, the loader's own measurements, plus psutil
+  for CPU time and peak resident memory of this process and its worker processes.
+
+Stage times: ``read``, ``transform`` and ``collate`` are summed over workers (their share
+is of total worker time); ``transport`` (copying a batch out of shared memory), ``wait``
+(the consumer blocked on the next batch) and ``step`` (the simulated training step,
+``consumer_ms``) happen in the consumer's thread (their share is of wall time). No source
+reports decoding separately, so ``read`` includes decoding. With ``workers=0`` the worker
+stages run inside the consumer's ``wait``.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+import psutil
+
+from ..stats import STAGES
+from .spec import _one_line as one_line  # the commands' one-line form of an error
+
+FORMAT = "steadyfeed.bench/1"
+CONSUMER_SIDE = ("transport", "wait", "step")  # in the consumer's thread: shares are of wall time
+WORKER_SIDE = tuple(s for s in STAGES if s not in CONSUMER_SIDE)  # summed over workers
+READ_INCLUDES_DECODE = "decode" not in STAGES  # no source times its decoding apart from its reading
+NEAR_FASTEST = 0.05  # a cheaper setting within 5% of the fastest is recommended instead
+PRODUCER_BOUND_WAIT = 0.5  # the consumer waits at least half the time: the loader limits training
+CONSUMER_BOUND_WAIT = 0.1  # the consumer almost never waits: its own step limits training
+GIL_MIN_SPEEDUP = 1.3  # more thread workers that gain less than this ...
+GIL_MAX_CORES = 1.2  # ... while using under this many cores are held back by the GIL
+
+
+# -- the grid -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Setting:
+    """One point of the grid. ``cost`` ranks settings cheapest first: fewer workers, then
+    threads before processes."""
+
+    workers: int
+    mode: str
+
+    @property
+    def cost(self) -> tuple[int, bool]:
+        return (self.workers, self.mode == "process")
+
+    @property
+    def label(self) -> str:
+        return "inline" if self.workers == 0 else f"{self.workers} {self.mode}"
+
+
+def grid(workers: Iterable[int], modes: Iterable[str]) -> list[Setting]:
+    """Every (workers, mode) pair, cheapest first. ``workers=0`` runs in the consumer's
+    thread whatever the mode, so it appears once."""
+    modes = list(modes)
+    return sorted({Setting(w, "thread" if w == 0 else m) for w in workers for m in modes}, key=lambda s: s.cost)
+
+
+# -- resources ------------------------------------------------------------------------------
+def _live_children(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def cpu_seconds(proc: psutil.Process | None = None) -> float:
+    """CPU seconds (user + system) used so far by this process, its live children and its
+    reaped children. A difference of two readings is the CPU a stretch of work cost."""
+    proc = proc or psutil.Process()
+    own = proc.cpu_times()
+    total = own.user + own.system + own.children_user + own.children_system
+    for child in _live_children(proc):
+        with contextlib.suppress(psutil.Error):  # a child may exit between listing and reading
+            times = child.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def rss_bytes(proc: psutil.Process | None = None) -> int:
+    """Resident memory of this process plus its live children (pages they share are
+    counted in each, so this is an upper bound)."""
+    proc = proc or psutil.Process()
+    total = proc.memory_info().rss
+    for child in _live_children(proc):
+        with contextlib.suppress(psutil.Error):
+            total += child.memory_info().rss
+    return total
+
+
+class PeakMemory:
+    """``with PeakMemory() as peak: ...`` then ``peak.bytes``: the highest ``rss_bytes()``
+    seen while the block ran, sampled every ``interval`` seconds by a background thread
+    and once on entry and exit (so a short block is still measured). The thread is
+    joined on exit."""
+
+    def __init__(self, interval: float = 0.05):
+        self.interval = interval
+        self.bytes = 0
+        self._proc = psutil.Process()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="steadyfeed-bench-memory", daemon=True)
+
+    def _sample(self) -> None:
+        with contextlib.suppress(psutil.Error):
+            self.bytes = max(self.bytes, rss_bytes(self._proc))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> "PeakMemory":
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+
+# -- one setting ----------------------------------------------------------------------------
+@dataclass
+class Diagnosis:
+    kind: str  # "producers", "consumer", "balanced" or "gil"
+    reason: str
+    setting: Setting | None = None
+
+
+@dataclass
+class Measurement:
+    """What one setting did in its measured window (after warm-up)."""
+
+    setting: Setting
+    error: str | None = None
+    batches: int = 0
+    samples: int = 0
+    seconds: float = 0.0  # wall time of the measured window
+    first_batch_seconds: float | None = None  # from starting the epoch, worker start-up included
+    stage_seconds: dict = field(default_factory=lambda: dict.fromkeys(WORKER_SIDE + CONSUMER_SIDE, 0.0))
+    prefetch: int = 0
+    fill_mean: float = 0.0
+    fill_max: int = 0
+    timeline: list = field(default_factory=list)  # (seconds since the setting started, batches ready)
+    cpu_seconds: float = 0.0
+    peak_rss_bytes: int = 0
+    diagnosis: Diagnosis | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def cpu_cores(self) -> float:
+        return self.cpu_seconds / self.seconds if self.seconds > 0 else 0.0
+
+    def share(self, stage: str) -> float:
+        """Worker stages: share of total worker time; consumer stages: share of wall time."""
+        if stage in CONSUMER_SIDE:
+            whole = self.seconds
+        else:
+            whole = sum(self.stage_seconds[s] for s in WORKER_SIDE)
+        return self.stage_seconds[stage] / whole if whole > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "label": self.setting.label,
+            "workers": self.setting.workers,
+            "mode": self.setting.mode,
+            "ok": self.ok,
+            "error": self.error,
+            "batches": self.batches,
+            "samples": self.samples,
+            "seconds": self.seconds,
+            "samples_per_second": self.samples_per_second,
+            "first_batch_seconds": self.first_batch_seconds,
+            "stages": {
+                stage: {"seconds": seconds, "share": self.share(stage),
+                        "side": "consumer" if stage in CONSUMER_SIDE else "workers"}
+                for stage, seconds in self.stage_seconds.items()
+            },
+            "queue": {"prefetch": self.prefetch, "fill_mean": self.fill_mean, "fill_max": self.fill_max,
+                      "timeline": [list(point) for point in self.timeline]},
+            "cpu_seconds": self.cpu_seconds,
+            "cpu_cores": self.cpu_cores,
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "bottleneck": None if self.diagnosis is None else {"kind": self.diagnosis.kind,
+                                                               "reason": self.diagnosis.reason},
+        }
+
+
+@dataclass
+class _Mark:
+    """The loader's counters at one moment, so a window is the difference of two marks."""
+
+    time: float
+    cpu: float
+    stats: dict
+
+
+def _mark(loader) -> _Mark:
+    return _Mark(time.perf_counter(), cpu_seconds(), loader.stats())
+
+
+def _epochs(loader, epochs: int) -> Iterator[dict]:
+    for epoch in range(epochs):
+        yield from loader.epoch(epoch)
+
+
+def _window(m: Measurement, start: _Mark, end: _Mark, step_seconds: float) -> None:
+    """Fill ``m`` with what happened between two marks."""
+    before, after = start.stats, end.stats
+    m.seconds = end.time - start.time
+    m.cpu_seconds = end.cpu - start.cpu
+    m.batches = after["batches"] - before["batches"]
+    m.samples = after["samples"] - before["samples"]
+    for stage in STAGES:
+        m.stage_seconds[stage] = after["stage_seconds"].get(stage, 0.0) - before["stage_seconds"].get(stage, 0.0)
+    m.stage_seconds["wait"] = after["wait_seconds"] - before["wait_seconds"]
+    m.stage_seconds["step"] = step_seconds
+    m.timeline = [tuple(point) for point in after["queue_fill_timeline"]]
+    last_warmup = before["queue_fill_timeline"][-1][0] if before["queue_fill_timeline"] else float("-inf")
+    fills = [ready for t, ready in m.timeline if t > last_warmup]
+    m.fill_mean = sum(fills) / len(fills) if fills else 0.0
+    m.fill_max = max(fills, default=0)
+
+
+def measure(loader, setting: Setting, *, epochs: int = 1, max_batches: int | None = None, warmup: int = 2,
+            consumer_ms: float = 0.0, on_batch: Callable[[Setting], None] | None = None) -> Measurement:
+    """Run ``setting`` on a copy of ``loader`` and measure it; never raises for a failing
+    setting (the error is in ``Measurement.error``; an ``Exception`` from ``on_batch`` counts
+    as one too, a ``KeyboardInterrupt`` stops the run).
+
+    Takes up to ``warmup + max_batches`` batches (``max_batches=None``: no bound) from
+    ``epochs`` epochs, sleeping ``consumer_ms`` after each to stand in for a training step.
+    """
+    m = Measurement(setting)
+    with PeakMemory() as peak:
+        try:
+            # timeout needs workers; inline has none to interrupt, so it runs without one rather than fail
+            inline = {"timeout": None} if setting.workers == 0 else {}
+            with loader.replace(workers=setting.workers, mode=setting.mode, **inline) as variant:
+                m.prefetch = variant.config.effective_prefetch
+                _drive(variant, m, epochs=epochs, max_batches=max_batches, warmup=warmup,
+                       consumer_ms=consumer_ms, on_batch=on_batch or (lambda s: None))
+        except Exception as exc:  # noqa: BLE001 - a failing setting is reported; the others still run
+            m.error = one_line(exc)  # the type and first line: a SampleError's names the sample
+    m.peak_rss_bytes = peak.bytes
+    return m
+
+
+def _drive(variant, m: Measurement, *, epochs, max_batches, warmup, consumer_ms, on_batch) -> None:
+    start = _mark(variant) if warmup == 0 else None
+    taken, step_seconds = 0, 0.0
+    begun = time.perf_counter()  # workers start on the first request, so their start-up is in the latency
+    with contextlib.closing(_epochs(variant, epochs)) as batches:  # closing stops the workers early
+        for _ in batches:
+            taken += 1
+            if taken == 1:
+                m.first_batch_seconds = time.perf_counter() - begun
+            if consumer_ms:
+                t0 = time.perf_counter()
+                time.sleep(consumer_ms / 1000)
+                if start is not None:  # a warm-up batch's step is not in the window
+                    step_seconds += time.perf_counter() - t0
+            on_batch(m.setting)
+            if taken == warmup:
+                start = _mark(variant)
+            if max_batches and taken - warmup >= max_batches:
+                break
+        end = _mark(variant)  # before closing: stopping the workers is not part of the window
+    if start is None or taken <= warmup:
+        raise ValueError(f"only {taken} batch(es) in {epochs} epoch(s), none left after {warmup} warm-up "
+                         "batch(es): lower warmup or run more epochs")
+    _window(m, start, end, step_seconds)
+
+
+# -- what limits it -------------------------------------------------------------------------
+def _busiest_worker_stage(m: Measurement) -> str:
+    stage = max(WORKER_SIDE, key=m.share)
+    return f"the {stage} takes {m.share(stage):.0%} of worker time"
+
+
+def _consumer_work(m: Measurement) -> str:
+    """What keeps the consumer busy: the (simulated) training step, or else the loader's
+    own per-batch work in the consumer's thread (handing out batches, transport)."""
+    if m.share("step") >= 0.5:
+        return f"the consumer (your training step, {m.share('step'):.0%} of the time)"
+    return ("the consumer thread's per-batch work (handing out batches, transport "
+            f"{m.share('transport'):.0%}; larger batches amortise it)")
+
+
+def diagnose(m: Measurement) -> Diagnosis:
+    """Producer-bound, consumer-bound or balanced, from how long the consumer waited."""
+    wait = m.share("wait")
+    queue = f"mean {m.fill_mean:.1f} of prefetch {m.prefetch}"
+    if m.setting.workers == 0:
+        if wait >= PRODUCER_BOUND_WAIT:
+            return Diagnosis("producers", f"loading runs in the consumer's thread and takes {wait:.0%} of the "
+                                          f"time; {_busiest_worker_stage(m)}: use workers", m.setting)
+        return Diagnosis("consumer", f"loading takes only {wait:.0%} of the time in the consumer's thread: "
+                                     f"{_consumer_work(m)} is the bottleneck", m.setting)
+    if wait >= PRODUCER_BOUND_WAIT:
+        reason = (f"consumer waits {wait:.0%} of the time and the queue is nearly empty ({queue}): the producers "
+                  f"are the bottleneck; {_busiest_worker_stage(m)}")
+        if m.share("transport") >= 0.2:
+            reason += f"; copying batches out of shared memory takes {m.share('transport'):.0%} of the time"
+        return Diagnosis("producers", reason, m.setting)
+    if wait < CONSUMER_BOUND_WAIT:
+        return Diagnosis("consumer", f"queue stays full ({queue}) and the consumer waits only {wait:.0%} of the "
+                                     f"time: {_consumer_work(m)} is the bottleneck", m.setting)
+    return Diagnosis("balanced", f"consumer waits {wait:.0%} of the time ({queue}): loading and the consumer "
+                                 f"are close; {_busiest_worker_stage(m)}", m.setting)
+
+
+def gil_limited(measurements: list[Measurement]) -> Diagnosis | None:
+    """Thread workers that do not speed up past one (or past inline) while using little CPU:
+    Python code holding the GIL, which ``mode="process"`` avoids."""
+    ok = {m.setting: m for m in measurements if m.ok}
+    base = ok.get(Setting(1, "thread")) or ok.get(Setting(0, "thread"))
+    if base is None:
+        return None
+    for m in sorted((m for m in ok.values() if m.setting.mode == "thread" and m.setting.workers >= 2),
+                    key=lambda m: m.setting.workers, reverse=True):
+        stuck = m.samples_per_second < GIL_MIN_SPEEDUP * base.samples_per_second
+        if m.diagnosis.kind == "producers" and stuck and m.cpu_cores < GIL_MAX_CORES:
+            return Diagnosis("gil", f"GIL: thread workers do not scale beyond {max(base.setting.workers, 1)} "
+                                    f"({m.setting.label}: {m.samples_per_second:,.0f} samples/s, {base.setting.label}: "
+                                    f"{base.samples_per_second:,.0f}) while CPU < {GIL_MAX_CORES} cores "
+                                    f"({m.cpu_cores:.2f}): {_process_advice(m, ok.values())}", m.setting)
+    return None
+
+
+def _process_advice(threads: Measurement, ok: Iterable[Measurement]) -> str:
+    """What process workers did against the held-back thread setting, as advice."""
+    processes = [m for m in ok if m.setting.mode == "process"]
+    if not processes:
+        return "use mode='process'"
+    best = max(processes, key=lambda m: m.samples_per_second)
+    if best.samples_per_second > threads.samples_per_second:
+        return f"use mode='process' ({best.setting.label}: {best.samples_per_second:,.0f} samples/s)"
+    return (f"process workers were no faster here ({best.setting.label}: {best.samples_per_second:,.0f} samples/s): "
+            "the per-batch cost of processes outweighs the work; try larger batches with mode='process'")
+
+
+@dataclass
+class Recommendation:
+    setting: Setting
+    samples_per_second: float
+    reason: str
+
+
+def recommend(measurements: list[Measurement]) -> Recommendation | None:
+    """The fastest setting that worked, unless a cheaper one is within 5% of it."""
+    ok = [m for m in measurements if m.ok]
+    if not ok:
+        return None
+    fastest = max(ok, key=lambda m: m.samples_per_second)
+    close = [m for m in ok if m.samples_per_second >= (1 - NEAR_FASTEST) * fastest.samples_per_second]
+    chosen = min(close, key=lambda m: m.setting.cost)
+    if chosen is fastest:
+        reason = f"fastest ({fastest.samples_per_second:,.0f} samples/s)"
+    else:
+        reason = (f"within {NEAR_FASTEST:.0%} of the fastest ({fastest.setting.label}, "
+                  f"{fastest.samples_per_second:,.0f} samples/s) and cheaper")
+    return Recommendation(chosen.setting, chosen.samples_per_second, reason)
+
+
+# -- the whole grid -------------------------------------------------------------------------
+@dataclass
+class Report:
+    measurements: list[Measurement]
+    recommendation: Recommendation | None
+    bottleneck: Diagnosis | None  # the GIL when threads are held back, else what limits the recommended setting
+    options: dict  # what ran and how: source, batch_size, epochs, max_batches, warmup_batches, consumer_ms
+
+    @property
+    def failed(self) -> list[Measurement]:
+        return [m for m in self.measurements if not m.ok]
+
+    def as_dict(self) -> dict:
+        """JSON-ready, with stable keys (``format`` names the layout)."""
+        rec, neck = self.recommendation, self.bottleneck
+        return {
+            "format": FORMAT,
+            **self.options,
+            "read_includes_decode": READ_INCLUDES_DECODE,
+            "settings": [m.as_dict() for m in self.measurements],
+            "bottleneck": None if neck is None else {"kind": neck.kind, "setting": neck.setting.label,
+                                                     "reason": neck.reason},
+            "recommendation": None if rec is None else {
+                "label": rec.setting.label, "workers": rec.setting.workers, "mode": rec.setting.mode,
+                "samples_per_second": rec.samples_per_second, "reason": rec.reason},
+        }
+
+
+def bench(loader, settings: list[Setting], *, epochs: int = 1, max_batches: int | None = None, warmup: int = 2,
+          consumer_ms: float = 0.0, on_batch: Callable[[Setting], None] | None = None) -> Report:
+    """Measure every setting in turn (see ``measure``), then diagnose and recommend."""
+    measurements = []
+    for setting in settings:
+        m = measure(loader, setting, epochs=epochs, max_batches=max_batches, warmup=warmup,
+                    consumer_ms=consumer_ms, on_batch=on_batch)
+        m.diagnosis = diagnose(m) if m.ok else None
+        measurements.append(m)
+    recommendation = recommend(measurements)
+    bottleneck = gil_limited(measurements)
+    if bottleneck is None and recommendation is not None:
+        bottleneck = next(m.diagnosis for m in measurements if m.setting == recommendation.setting)
+    options = {"source": repr(loader.source), "batch_size": loader.config.batch_size, "epochs": epochs, "max_batches": max_batches,
+               "warmup_batches": warmup, "consumer_ms": consumer_ms}
+    return Report(measurements, recommendation, bottleneck, options)

@@ -1,0 +1,167 @@
+"""``steadyfeed bench SPEC``: run a loader over a grid of workers x mode and report, per
+setting, samples/s, first-batch latency, time per stage, queue fill, CPU and peak memory;
+then name the bottleneck and recommend a setting.
+
+    steadyfeed bench make_data.py:loader --workers 0,1,2,4 --modes thread,process \\
+        --max-batches 200 --consumer-ms 30 --plot bench.png
+
+SPEC, the data shortcuts (--npy-pairs, --hdf5, --images, --csv, --tfrecord, ...) and the
+loader options (--batch-size, --shuffle, --seed, --prefetch, ...) are those of every
+steadyfeed command (``steadyfeed.tools.spec``); the grid's --workers and --modes replace
+the loader's own workers and mode. ``--consumer-ms`` sleeps after each batch to stand in for a
+training step, so a consumer-bound run shows a full queue.
+
+Prints a table (``--json``: the report as JSON, stable keys, format ``steadyfeed.bench/1``);
+progress goes to stderr. Exit code 0 when every setting ran, 1 when one failed (its error is
+in the report; the other settings still run), 2 on a usage error (bad flags or SPEC).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from ..config import MODES
+from . import bench as benchmark
+from .progress import progress_bar
+from .spec import SpecError, add_spec_arguments, loader_from_args, usage_error
+
+HELP = "measure a loader over workers x mode: throughput, latency, stages, queue, CPU, memory; name the bottleneck"
+BYTES_PER_MB = 1 << 20
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected one or more integers >= 0, got {text!r}")
+    return values
+
+
+def _mode_list(text: str) -> list[str]:
+    values = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = sorted(set(values) - set(MODES))
+    if not values or unknown:
+        raise argparse.ArgumentTypeError(f"modes are {', '.join(MODES)}; got {text!r}")
+    return values
+
+
+def _at_least(low, kind=int):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
+        return value
+    return parse
+
+
+def add_arguments(parser) -> None:
+    add_spec_arguments(parser, exclude=("workers", "mode"))  # the grid's --workers and --modes replace them
+    grid = parser.add_argument_group("grid (replaces the spec's workers and mode)")
+    # dests unlike the loader flags': spec.loader_options() reads args.workers / args.mode when present
+    grid.add_argument("--workers", dest="grid_workers", type=_int_list, default=[0, 1, 2], metavar="N,N,...",
+                      help="worker counts to try (default 0,1,2; 0 runs in the consumer's thread, once)")
+    grid.add_argument("--modes", dest="grid_modes", type=_mode_list, default=list(MODES), metavar="MODE,...",
+                      help="worker kinds to try (default thread,process)")
+    run = parser.add_argument_group("how long, and the consumer")
+    run.add_argument("--epochs", type=_at_least(1), default=1, metavar="N", help="epochs per setting (default 1)")
+    run.add_argument("--max-batches", type=_at_least(0), default=100, metavar="N",
+                     help="measured batches per setting, after warm-up (default %(default)s; 0: whole epochs)")
+    run.add_argument("--warmup", type=_at_least(0), default=2, metavar="N",
+                     help="batches left out of the measurements (default %(default)s); first-batch latency, "
+                          "worker start-up included, is reported on its own")
+    run.add_argument("--consumer-ms", type=_at_least(0, float), default=0.0, metavar="MS",
+                     help="sleep MS after each batch, standing in for a training step (default 0)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print the report as JSON (stable keys)")
+    out.add_argument("--plot", metavar="PNG", help="draw throughput per setting and queue fill over time to PNG")
+    out.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
+
+
+def run(args) -> int:
+    settings = benchmark.grid(args.grid_workers, args.grid_modes)
+    if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
+        return usage_error("bench", f"--plot {args.plot}: no such directory")  # before minutes of measuring
+    try:
+        loader = loader_from_args(args)
+    except SpecError as exc:
+        return usage_error("bench", exc)
+    with loader:
+        report = _run_grid(loader, settings, args).as_dict()
+    if args.plot:
+        from .plots import save_bench_plot
+        save_bench_plot(report, args.plot)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 1 if any(not s["ok"] for s in report["settings"]) else 0
+
+
+def _run_grid(loader, settings, args) -> benchmark.Report:
+    per_setting = args.epochs * len(loader)
+    if args.max_batches:
+        per_setting = min(per_setting, args.warmup + args.max_batches)
+    shown = None
+    with progress_bar(per_setting * len(settings), "bench", unit=" batches", enabled=args.progress) as bar:
+        def on_batch(setting: benchmark.Setting) -> None:
+            nonlocal shown
+            if shown != setting:  # redrawn once per setting: a fast one may never reach tqdm's own refresh
+                shown = setting
+                bar.set_description(f"bench {setting.label}")
+            bar.update()
+
+        return benchmark.bench(loader, settings, epochs=args.epochs, max_batches=args.max_batches or None,
+                               warmup=args.warmup, consumer_ms=args.consumer_ms, on_batch=on_batch)
+
+
+# -- the human report -------------------------------------------------------------------------
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    """Columns padded to their widest cell: the first left-aligned, the rest right-aligned."""
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows)]
+    return ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+            for row in [headers, *rows]]
+
+
+def _summary_row(s: dict) -> list[str]:
+    if not s["ok"]:
+        return [s["label"], "FAILED"] + [""] * 5
+    queue = s["queue"]
+    first = s["first_batch_seconds"]
+    return [s["label"], f"{s['samples_per_second']:,.0f}", "" if first is None else f"{first:.3f}",
+            f"{queue['fill_mean']:.1f} / {queue['fill_max']} / {queue['prefetch']}", f"{s['cpu_cores']:.2f}",
+            f"{s['peak_rss_bytes'] / BYTES_PER_MB:,.0f}", s["bottleneck"]["kind"]]
+
+
+def _stage_row(s: dict) -> list[str]:
+    if not s["ok"]:
+        return [s["label"]] + [""] * len(s["stages"])
+    return [s["label"]] + [f"{v['seconds']:.3f}  {v['share']:4.0%}" for v in s["stages"].values()]
+
+
+def format_report(report: dict) -> str:
+    """The report as a few aligned tables and plain sentences."""
+    settings = report["settings"]
+    bound = f"{report['max_batches']} batches" if report["max_batches"] else "whole epochs"
+    lines = [f"steadyfeed bench: {report['source']}",
+             f"batch size {report['batch_size']}, {report['epochs']} epoch(s), {bound} per setting after "
+             f"{report['warmup_batches']} warm-up batch(es), consumer step {report['consumer_ms']:g} ms", ""]
+    lines += _table(["setting", "samples/s", "first batch s", "queue mean / max / prefetch", "CPU cores",
+                     "peak RSS MB", "bottleneck"], [_summary_row(s) for s in settings])
+    stages = settings[0]["stages"]
+    side = {where: ", ".join(k for k, v in stages.items() if v["side"] == where) for where in ("workers", "consumer")}
+    lines += ["", f"time per stage, seconds and share ({side['workers']}: of worker time, summed over workers; "
+                  f"{side['consumer']}: of wall time, in the consumer)"]
+    lines += _table(["setting", *stages], [_stage_row(s) for s in settings])
+    if report["read_includes_decode"]:
+        lines.append("read includes decoding (no source times it separately)")
+    lines.append("")
+    lines += [f"FAILED {s['label']}: {s['error']}" for s in settings if not s["ok"]]
+    neck, rec = report["bottleneck"], report["recommendation"]
+    if neck:
+        lines.append(f"bottleneck ({neck['setting']}): {neck['reason']}")
+    if rec:
+        lines.append(f"recommended: workers={rec['workers']}, mode={rec['mode']!r}: {rec['reason']}")
+    return "\n".join(lines)

@@ -1,0 +1,196 @@
+"""``steadyfeed bench``: the command end to end on a generated spec file, and the
+bottleneck and recommendation rules on constructed measurements."""
+import json
+import textwrap
+
+import pytest
+
+from steadyfeed.tools import plots
+from steadyfeed.tools.bench import Measurement, Setting, diagnose, gil_limited, recommend
+from steadyfeed.tools.bench_command import format_report
+from steadyfeed.tools.cli import main
+
+pytestmark = pytest.mark.timeout(120)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+STAGE_KEYS = {"read", "transform", "collate", "transport", "wait", "step"}
+
+SPEC_FILE = '''
+    import multiprocessing
+    import time
+
+    import numpy as np
+
+    from steadyfeed import ArraySource, Loader
+
+
+    def _source(n=512):
+        x = np.arange(n * 4, dtype=np.float32).reshape(n, 4)
+        return ArraySource(x=x, y=x.sum(axis=1))
+
+
+    def slow_transform(sample, rng):
+        time.sleep(0.002)
+        return sample
+
+
+    def fails_in_worker_processes(sample, rng):
+        if multiprocessing.parent_process() is not None:
+            raise ValueError("this transform cannot run in a worker process")
+        return sample
+
+
+    def fast():
+        return Loader(_source(), 16)
+
+
+    def slow():
+        return Loader(_source(), 8, transform=slow_transform)
+
+
+    def fails_in_processes():
+        return Loader(_source(), 16, transform=fails_in_worker_processes)
+'''
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory):
+    """``spec("fast")`` -> a FILE.py:NAME spec of the generated file (one file: it is imported once)."""
+    path = tmp_path_factory.mktemp("bench") / "bench_spec_data.py"
+    path.write_text(textwrap.dedent(SPEC_FILE))
+    return lambda name: f"{path}:{name}"
+
+
+def bench(capsys, *argv, progress=False):
+    code = main(["bench", *argv, *([] if progress else ["--no-progress"])])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def bench_json(capsys, *argv):
+    code, out, _ = bench(capsys, *argv, "--json")
+    return code, json.loads(out)
+
+
+# -- the command ---------------------------------------------------------------------------------
+def test_json_has_every_setting_with_its_measurements(spec, capsys, no_leaks):
+    code, report = bench_json(capsys, spec("fast"), "--workers", "0,1,2", "--modes", "thread,process",
+                              "--max-batches", "8")
+    assert code == 0
+    labels = [s["label"] for s in report["settings"]]
+    assert labels == ["inline", "1 thread", "1 process", "2 thread", "2 process"]  # cheapest first, inline once
+    for s in report["settings"]:
+        assert s["ok"] and s["error"] is None and s["samples_per_second"] > 0
+        assert s["batches"] == 8 and s["samples"] == 8 * 16  # warm-up left out
+        assert set(s["stages"]) == STAGE_KEYS
+        assert all({"seconds", "share"} <= set(v) for v in s["stages"].values())
+        assert s["first_batch_seconds"] > 0 and s["peak_rss_bytes"] > 0 and s["cpu_seconds"] >= 0
+        assert 1 <= s["queue"]["fill_max"] <= s["queue"]["prefetch"] and s["queue"]["timeline"]
+        assert s["bottleneck"]["kind"] in {"producers", "consumer", "balanced"}
+    assert report["settings"][2]["stages"]["transport"]["seconds"] > 0  # processes copy out of shared memory
+    assert report["read_includes_decode"] is True
+    assert report["recommendation"]["label"] in labels and report["bottleneck"]["reason"]
+
+
+def test_plot_is_a_png_drawn_on_an_agg_canvas(spec, capsys, tmp_path):
+    # no no_leaks here: matplotlib keeps its font files open in a process-wide cache, by design
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    png = tmp_path / "bench.png"
+    code, report = bench_json(capsys, spec("fast"), "--workers", "1", "--modes", "thread", "--max-batches", "4",
+                              "--plot", str(png))
+    assert code == 0 and png.read_bytes()[:8] == PNG_SIGNATURE
+    figure = plots.bench_figure(report)  # what --plot saved
+    assert isinstance(figure.canvas, FigureCanvasAgg) and len(figure.axes) == 2
+
+
+def test_human_table_names_the_bottleneck_and_recommends_a_setting(spec, capsys, no_leaks):
+    code, out, err = bench(capsys, spec("fast"), "--workers", "0,1", "--modes", "thread", "--max-batches", "6",
+                           progress=True)
+    assert code == 0
+    for text in ("samples/s", "first batch s", "queue mean / max / prefetch", "CPU cores", "peak RSS MB",
+                 "inline", "1 thread", "transform", "transport", "read includes decoding",
+                 "bottleneck (", "recommended: workers="):
+        assert text in out
+    assert "bench 1 thread" in err  # the progress bar, on stderr only
+
+
+def test_a_slow_transform_is_named_producer_bound(spec, capsys, no_leaks):
+    code, report = bench_json(capsys, spec("slow"), "--workers", "1", "--modes", "thread", "--max-batches", "10")
+    assert code == 0
+    setting = report["settings"][0]
+    assert report["bottleneck"]["kind"] == "producers"
+    assert "the transform takes" in report["bottleneck"]["reason"]
+    assert setting["stages"]["transform"]["share"] > 0.8 and setting["stages"]["wait"]["share"] >= 0.5
+
+
+def test_a_slow_consumer_is_named_consumer_bound_with_a_full_queue(spec, capsys, no_leaks):
+    code, report = bench_json(capsys, spec("fast"), "--workers", "2", "--modes", "thread", "--max-batches", "15",
+                              "--consumer-ms", "20")
+    assert code == 0
+    setting = report["settings"][0]
+    assert report["bottleneck"]["kind"] == "consumer"
+    assert "queue stays full" in report["bottleneck"]["reason"] and "training step" in report["bottleneck"]["reason"]
+    # a batch is requested as one is taken, so the watermark of a full queue is prefetch - 1
+    assert setting["queue"]["fill_mean"] >= setting["queue"]["prefetch"] - 1.5
+    assert setting["stages"]["step"]["share"] > 0.8
+
+
+def test_a_failing_setting_is_reported_the_others_run_and_the_exit_code_is_1(spec, capsys, no_leaks):
+    code, report = bench_json(capsys, spec("fails_in_processes"), "--workers", "1", "--modes", "thread,process",
+                              "--max-batches", "4")
+    assert code == 1
+    threads, processes = report["settings"]
+    assert threads["ok"] and threads["samples_per_second"] > 0
+    assert not processes["ok"] and processes["error"].startswith("SampleError: sample 0")
+    assert "cannot run in a worker process" in processes["error"]
+    assert report["recommendation"]["label"] == "1 thread"
+    assert "FAILED 1 process: SampleError: sample 0" in format_report(report)
+
+
+@pytest.mark.parametrize("argv", [["--workers", "1,x"], ["--workers", "-1"], ["--modes", "fork"],
+                                  ["--max-batches", "-3"], ["--epochs", "0"]])
+def test_bad_flags_are_usage_errors(spec, argv):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", spec("fast"), *argv])
+    assert exc.value.code == 2
+
+
+def test_a_spec_that_does_not_load_or_a_plot_with_nowhere_to_go_is_a_usage_error(spec, tmp_path, capsys):
+    code, _, err = bench(capsys, f"{tmp_path}/missing.py:loader")
+    assert code == 2 and "missing.py" in err
+    code, _, err = bench(capsys, spec("fast"), "--plot", f"{tmp_path}/no/such/dir/bench.png")
+    assert code == 2 and "no such directory" in err
+
+
+# -- the rules -----------------------------------------------------------------------------------
+def measured(workers, mode, samples_per_second, *, cores=1.0, wait=0.9, fill=1.0, prefetch=4):
+    """A Measurement of one second with the given throughput, CPU, consumer wait share and queue fill."""
+    m = Measurement(Setting(workers, mode), samples=int(samples_per_second), seconds=1.0, cpu_seconds=cores,
+                    prefetch=prefetch, fill_mean=fill)
+    m.stage_seconds.update(read=0.1, transform=0.8, collate=0.1, wait=wait)
+    m.diagnosis = diagnose(m)
+    return m
+
+
+def test_threads_that_do_not_scale_on_one_core_are_named_the_gil():
+    runs = [measured(1, "thread", 1000, cores=0.9), measured(2, "thread", 1050, cores=1.0),
+            measured(2, "process", 1900, cores=2.0)]
+    gil = gil_limited(runs)
+    assert gil.kind == "gil" and gil.setting == Setting(2, "thread")
+    assert "use mode='process' (2 process" in gil.reason
+
+
+def test_threads_that_scale_or_wait_on_the_consumer_are_not_the_gil():
+    assert gil_limited([measured(1, "thread", 1000), measured(2, "thread", 1900, cores=1.0)]) is None
+    consumer_bound = [measured(1, "thread", 1000, wait=0.01, fill=3), measured(2, "thread", 1000, wait=0.01, fill=3)]
+    assert gil_limited(consumer_bound) is None
+    assert consumer_bound[1].diagnosis.kind == "consumer"
+
+
+def test_the_recommendation_is_the_fastest_unless_a_cheaper_one_is_within_5_percent():
+    runs = [measured(0, "thread", 500), measured(2, "thread", 970), measured(2, "process", 1000)]
+    assert recommend(runs).setting == Setting(2, "thread")
+    runs[1] = measured(2, "thread", 940)
+    assert recommend(runs).setting == Setting(2, "process")
+    assert recommend([Measurement(Setting(1, "thread"), error="SampleError: ...")]) is None
