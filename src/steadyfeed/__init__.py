@@ -4,6 +4,7 @@ from .errors import DataError, SampleError, SampleTimeout, SteadyfeedError, TooM
 from .loader import Loader
 from .locking import serialized
 from .packing import pack
+from .quality import Checked
 from .sampling import SequentialSampler, ShuffleSampler, WeightedSampler, sample_rng
 from .sources import ArraySource, CsvSource, DiskCache, MemoryCache, NpyArray, NpyPairs, TFRecordSource
 
@@ -13,6 +14,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArraySource",
+    "Checked",
     "CsvSource",
     "DataError",
     "DiskCache",

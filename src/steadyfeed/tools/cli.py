@@ -14,11 +14,17 @@ import sys
 COMMANDS = {
     "demo": "demo",
     "pack": "pack_command",
+    "bench": "bench_command",
+    "audit": "audit_command",
+    "inspect": "inspect_command",
 }
 
 HELPS = {
     "demo": "generate a dataset, feed it through every mode, check every promise",
     "pack": "pack any source into indexed TFRecord shards (random access, exactly once)",
+    "bench": "measure a loader over workers x mode, name the bottleneck, recommend a setting",
+    "audit": "check a loader: exactly once, paired, reproducible, no split leaks (exit 1 on failure)",
+    "inspect": "explore data before training: counts, sizes, shapes, modes, labels, unreadable files",
 }
 
 

@@ -12,17 +12,14 @@ arguments are wrong (nothing is left at OUT then).
 """
 from __future__ import annotations
 
-import importlib
 import json
-import os
 import sys
 import time
-from pathlib import Path
-from typing import Any
 
 from ..errors import SteadyfeedError
 from ..packing import DEFAULT_SHARD_SIZE, pack
 from ..sources.tfrecord import MANIFEST_NAME
+from .spec import resolve
 
 HELP = "pack any source (or an iterable of sample dicts) into indexed TFRecord shards"
 
@@ -42,7 +39,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     try:
-        data = load(args.spec)
+        data = resolve(args.spec)
         start = time.perf_counter()
         out = pack(data, args.out, args.shard_size, workers=args.workers, mode=args.mode, progress=args.progress)
     except (SteadyfeedError, OSError, ValueError) as exc:  # DataError is a ValueError
@@ -55,40 +52,3 @@ def run(args) -> int:
     print(f"packed {samples} samples into {len(manifest['shards'])} shard(s) in {out} "
           f"in {seconds:.1f} s ({samples / max(seconds, 1e-9):,.0f} samples/s)")
     return 0
-
-
-def load(spec: str) -> Any:
-    """The object SPEC names, called when callable."""
-    target, sep, name = spec.rpartition(":")
-    if not (sep and target and name):
-        raise ValueError(f"SPEC must be FILE.py:NAME or MODULE:NAME, got {spec!r}")
-    module = _import_file(target) if target.endswith(".py") else _import_module(target)
-    obj: Any = module
-    for part in name.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{target} has no {name!r}")
-        obj = getattr(obj, part)
-    return obj() if callable(obj) else obj
-
-
-def _import_module(name: str):
-    try:
-        return importlib.import_module(name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import module {name!r}: {exc}") from exc
-
-
-def _import_file(path: str):
-    """Import FILE.py as a top-level module, its directory on sys.path, so that spawned
-    process workers (which inherit sys.path) can import it by name to unpickle its objects."""
-    path = os.path.abspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"SPEC file not found: {path}")
-    name = Path(path).stem
-    loaded = sys.modules.get(name)
-    if loaded is not None and os.path.abspath(getattr(loaded, "__file__", None) or "") != path:
-        raise ValueError(f"cannot import {path} as module {name!r}: a module of that name is already loaded "
-                         f"from {getattr(loaded, '__file__', None)}; rename the file")
-    if os.path.dirname(path) not in sys.path:
-        sys.path.insert(0, os.path.dirname(path))
-    return _import_module(name)

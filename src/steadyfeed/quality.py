@@ -1,0 +1,200 @@
+"""Data-quality checks: per sample (non-finite values, constant arrays, unexpected shapes) and
+per dataset (shape outliers, label distribution drift).
+
+Per-sample checks are functions ``check(array) -> str | None`` (a description of what is
+wrong, or None), registered by name in :data:`CHECKS`:
+
+* ``"finite"``: a float or complex array holds no NaN and no Inf (other dtypes pass);
+* ``"not_constant"``: a numeric array of two or more values does not hold one value
+  everywhere (std == 0: a blank or constant image, a dead sensor). Scalars pass.
+
+They run in three places: :class:`Checked` (a source wrapper, so a bad sample raises a
+:class:`~steadyfeed.DataError` and the Loader raises it, or quarantines it under
+``on_error="skip"``), ``steadyfeed audit --checks`` and ``steadyfeed inspect --checks``.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .errors import DataError
+from .sources.base import check_source, close_source, locate
+
+DRIFT_THRESHOLD = 0.1  # total variation distance above which two label distributions are said to drift
+
+
+def finite(a: np.ndarray) -> str | None:
+    if a.dtype.kind not in "fc":
+        return None
+    nan = int(np.count_nonzero(np.isnan(a)))
+    inf = int(np.count_nonzero(np.isinf(a)))
+    return f"{nan} NaN and {inf} Inf of {a.size} values" if nan or inf else None
+
+
+def not_constant(a: np.ndarray) -> str | None:
+    if a.size < 2 or a.dtype.kind not in "biufc":
+        return None
+    first = a.flat[0]
+    return f"all {a.size} values are {first.item()!r}" if bool(np.all(a == first)) else None
+
+
+CHECKS: dict[str, Callable[[np.ndarray], str | None]] = {"finite": finite, "not_constant": not_constant}
+
+
+def check_names(names: Iterable[str] | str) -> tuple[str, ...]:
+    """Validated check names; ``"all"`` means every check, a string may be comma-separated."""
+    if isinstance(names, str):
+        names = [n for n in names.split(",") if n]
+    names = tuple(names)
+    if "all" in names:
+        return tuple(CHECKS)
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        raise ValueError(f"unknown check(s) {', '.join(map(repr, unknown))}; known: {', '.join(CHECKS)}, all")
+    return names
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One failed check: which sample, which key, which check, what was found."""
+
+    sample_id: Any  # an id, or a file path for files
+    key: str
+    check: str
+    detail: str
+
+    def __str__(self) -> str:
+        what = f"sample {self.sample_id}" if isinstance(self.sample_id, (int, np.integer)) else str(self.sample_id)
+        return f"{what}, key {self.key!r}: {self.check}: {self.detail}"
+
+    def as_dict(self) -> dict:
+        return {"sample_id": _plain(self.sample_id), "key": self.key, "check": self.check, "detail": self.detail}
+
+
+def sample_problems(sample_id: Any, sample: Mapping[str, Any], checks: Sequence[str],
+                    keys: Iterable[str] | None = None) -> list[Problem]:
+    """Every failed check of one sample, over ``keys`` (default: all of its keys)."""
+    found = []
+    for key in sample if keys is None else keys:
+        if key in sample:
+            a = np.asarray(sample[key])
+            found += [Problem(sample_id, key, name, detail) for name in checks
+                      if (detail := CHECKS[name](a)) is not None]
+    return found
+
+
+class Checked:
+    """A source whose samples must pass ``checks`` (names in :data:`CHECKS`) on ``keys``
+    (default: every key) and, per key in ``shapes``, have exactly that shape.
+
+    ``Checked(source)[i]`` is ``source[i]`` unchanged, or raises :class:`DataError` naming the
+    sample (and where it lives), the key, the check and what was found, so the Loader
+    raises a ``SampleError`` for it, or quarantines it under ``on_error="skip"``::
+
+        Loader(Checked(source, checks=("finite", "not_constant")), 64, on_error="skip")
+
+    ``len``, ``read_many``, ``locate``, ``fingerprint`` and ``close`` go to the wrapped
+    source; a batch read whose samples fail is redone sample by sample by the Loader, so
+    the failure is pinned on its own id. Picklable when the source is.
+    """
+
+    def __init__(self, source: Any, checks: Iterable[str] | str = ("finite", "not_constant"), *,
+                 keys: Iterable[str] | None = None, shapes: Mapping[str, Sequence[int]] | None = None):
+        check_source(source)
+        self.source = source
+        self.checks = check_names(checks)
+        self.keys = None if keys is None else tuple(keys)
+        self.shapes = {key: tuple(int(d) for d in shape) for key, shape in (shapes or {}).items()}
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int):
+        return self._checked(i, self.source[i])
+
+    def _checked(self, i: int, sample):
+        problems = sample_problems(i, sample, self.checks, self.keys)
+        problems += [Problem(i, key, "shape", f"expected shape {shape}, found {np.shape(sample[key])}")
+                     for key, shape in self.shapes.items() if np.shape(sample[key]) != shape]
+        if problems:
+            where = locate(self.source, i)
+            raise DataError(f"{problems[0]}{f' ({where})' if where else ''}"
+                            + (f"; and {len(problems) - 1} more" if len(problems) > 1 else ""))
+        return sample
+
+    @property
+    def read_many(self):  # a property: a source without read_many gives a wrapper without it
+        inner = self.source.read_many
+        return lambda ids: [self._checked(int(i), s) for i, s in zip(ids, inner(ids))]
+
+    def __getattr__(self, name: str):
+        # locate and fingerprint exist exactly when the source has them, so that the engine's
+        # helpers see None for a source without them rather than a method that fails
+        if name in ("locate", "fingerprint"):
+            return getattr(self.source, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def close(self) -> None:
+        close_source(self.source)
+
+    def __repr__(self) -> str:
+        return f"Checked({self.source!r}, checks={self.checks}" + (f", shapes={self.shapes})" if self.shapes else ")")
+
+
+# -- per dataset ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Outliers:
+    """The most common value of a property (a shape, an image mode), how many items have it,
+    and the items that do not."""
+
+    common: Hashable
+    common_count: int
+    items: list
+
+    def as_dict(self, limit: int | None = None) -> dict:
+        """JSON-ready; ``limit`` caps the items listed (``count`` stays complete)."""
+        return {"common": _plain(self.common), "common_count": self.common_count, "count": len(self.items),
+                "items": [_plain(i) for i in self.items[:limit]]}
+
+
+def outliers(values: Mapping[Any, Hashable]) -> Outliers | None:
+    """Items whose value differs from the most common value (ties: the first seen); None when empty."""
+    if not values:
+        return None
+    common, count = Counter(values.values()).most_common(1)[0]
+    return Outliers(common, count, [item for item, value in values.items() if value != common])
+
+
+def label_classes(labels: Any) -> list | None:
+    """The class of each row of ``labels``: integer, bool or string scalars as they are, one-hot
+    rows as the index of their 1; None when the labels are not categorical (floats, other shapes)."""
+    a = np.asarray(labels)
+    if a.ndim == 1 and a.dtype.kind in "biuUS":
+        return [_plain(v) for v in a.tolist()]
+    if a.ndim == 2 and a.dtype.kind in "biuf" and a.shape[1] > 1:
+        one_hot = np.all((a == 0) | (a == 1), axis=1) & (np.count_nonzero(a, axis=1) == 1)
+        if bool(one_hot.all()):
+            return np.argmax(a, axis=1).tolist()
+    return None
+
+
+def total_variation(a: Mapping[Hashable, int], b: Mapping[Hashable, int]) -> float:
+    """Half the L1 distance between two histograms as distributions: 0 when identical, 1 when disjoint."""
+    na, nb = sum(a.values()), sum(b.values())
+    if not na or not nb:
+        return 0.0 if na == nb else 1.0
+    return 0.5 * sum(abs(a.get(k, 0) / na - b.get(k, 0) / nb) for k in set(a) | set(b))
+
+
+def _plain(v: Any) -> Any:
+    """A JSON-friendly value: numpy scalars as Python ones, bytes as text, tuples as lists."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "backslashreplace")
+    if isinstance(v, tuple):
+        return [_plain(x) for x in v]
+    return v

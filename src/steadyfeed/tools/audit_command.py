@@ -1,0 +1,63 @@
+"""``steadyfeed audit SPEC``: run a loader at several worker settings and check that every epoch
+delivered every sample exactly once, with its own label, identically at every setting, and
+(with ``--against``) that no sample is shared with another split. See ``tools/audit.py``.
+
+    steadyfeed audit train.py:make_loader --check train.py:label_is_right --against train.py:make_val
+    steadyfeed audit --npy-pairs data/in data/labels --batch-size 64 --shuffle --json
+
+Exit code 0 when every check passes, 1 when one fails, 2 for a bad spec or flag: fit for CI.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+
+from .. import quality
+from .audit import audit, parse_settings
+from .spec import (
+    SpecError, add_spec_arguments, describe, loader_from_args, loader_from_spec, resolve_callable, usage_error,
+)
+
+HELP = "check exactly-once delivery, pairing, reproducibility and split leaks of a loader"
+
+
+def add_arguments(parser) -> None:
+    add_spec_arguments(parser, exclude=("workers", "mode", "with_ids"))  # the settings choose those; ids always
+    audit_options = parser.add_argument_group("audit")
+    audit_options.add_argument("--epochs", type=int, default=2, metavar="N", help="epochs per setting (default 2)")
+    audit_options.add_argument("--settings", default="0,2,2:process", metavar="LIST",
+                               help="comma-separated WORKERS[:MODE] to run and compare (default %(default)s)")
+    audit_options.add_argument("--check", metavar="FILE.py:FUNC",
+                               help="check(batch) -> bool, or a bool per row: is each input paired with its label?")
+    audit_options.add_argument("--against", metavar="SPEC",
+                               help="another split (e.g. validation): report samples whose content both share")
+    audit_options.add_argument("--label-key", action="append", dest="label_keys", metavar="KEY",
+                               help="a label key: compared by id, left out of content digests (default y; repeatable)")
+    audit_options.add_argument("--checks", default="", metavar="NAMES",
+                               help=f"data-quality checks on the stored samples: {', '.join(quality.CHECKS)} or all")
+    audit_options.add_argument("--drift-threshold", type=float, default=quality.DRIFT_THRESHOLD, metavar="T",
+                               help="largest total variation between label histograms (default %(default)s)")
+    audit_options.add_argument("--json", action="store_true", help="print the report as JSON")
+    audit_options.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
+def run(args) -> int:
+    try:
+        if args.epochs < 1:
+            raise SpecError(f"--epochs must be >= 1, got {args.epochs}")
+        settings = parse_settings(args.settings)
+        checks = quality.check_names(args.checks)
+        check = resolve_callable(args.check) if args.check else None
+        loader = loader_from_args(args)
+        against = loader_from_spec(args.against, args) if args.against else None
+    except (SpecError, ValueError) as exc:
+        return usage_error("audit", exc)
+    with contextlib.ExitStack() as stack:
+        for opened in (loader, against):
+            if opened is not None:
+                stack.enter_context(opened)
+        report = audit(loader, epochs=args.epochs, settings=settings, check=check, against=against,
+                       label_keys=args.label_keys or ("y",), checks=checks, drift_threshold=args.drift_threshold,
+                       target=describe(args), progress=args.progress)
+    print(json.dumps(report.as_dict(), indent=1) if args.json else report.table())
+    return 0 if report.passed else 1

@@ -1,0 +1,305 @@
+"""Loader specs: the one way every ``steadyfeed`` command turns what the user names into data.
+
+A **spec** is ``path/to/file.py:NAME`` or ``package.module:NAME`` (``NAME`` may be dotted).
+A callable ``NAME`` is called with no arguments; the result (or ``NAME`` itself) is what
+the spec names. Commands that need a loader accept a :class:`~steadyfeed.Loader` or a
+source (``len`` + ``getitem``); ``steadyfeed pack`` also accepts an iterable of samples.
+
+Instead of a spec, the standard sources have shortcuts (``--npy-pairs IN LABELS``,
+``--npy FILE``, ``--hdf5 FILE --key x=/images``, ``--images DIR``, ``--csv FILE --x COLS``,
+``--tfrecord GLOB``). Loader flags (``--batch-size``, ``--workers``, ``--shuffle``, ...)
+build the Loader around a source, or override a returned Loader through ``replace``:
+only the flags given on the command line change anything.
+
+The commands share two more helpers here: :func:`at_setting` (a loader's copy at other
+workers / mode, as commands run it) and :func:`raw_loader` (its source read as stored).
+
+Guarantees:
+
+* a spec file is imported as a top-level module with its directory first on ``sys.path``,
+  so spawned process workers (which inherit ``sys.path``) unpickle what it defines;
+* everything that stops a spec from becoming a loader (a malformed spec, a missing file,
+  module or name, an exception in the user's code, a wrong return type, invalid loader
+  options, data a source refuses at construction) raises :class:`SpecError` with a
+  one-line message; :func:`usage_error` prints it and returns exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ..config import ERROR_POLICIES, MODES
+from ..loader import Loader
+from ..sampling.plan import LAST_BATCH_POLICIES
+
+DEFAULT_BATCH_SIZE = 32
+USAGE_ERROR = 2  # argparse's exit code for bad usage; every command uses it for a bad spec too
+
+# each loader flag is the Loader keyword of the same name; every one defaults to None, meaning
+# "not given: leave the loader as it is"
+LOADER_FLAGS = {
+    "batch_size": dict(type=int, metavar="N", help=f"samples per batch (default {DEFAULT_BATCH_SIZE})"),
+    "workers": dict(type=int, metavar="N", help="worker count (0: in this thread)"),
+    "mode": dict(choices=MODES, help="worker kind"),
+    "shuffle": dict(action=argparse.BooleanOptionalAction, help="a fresh permutation per epoch"),
+    "seed": dict(type=int, metavar="S", help="the seed of order and transform streams"),
+    "with_ids": dict(action=argparse.BooleanOptionalAction, help="add the sample ids to each batch"),
+    "drop_last": dict(action=argparse.BooleanOptionalAction, help="drop the last partial batch"),
+    "last_batch": dict(choices=LAST_BATCH_POLICIES, help="what to do with the last batch"),
+    "shard_index": dict(type=int, metavar="I", help="this replica's shard"),
+    "shard_count": dict(type=int, metavar="R", help="number of shards"),
+    "on_error": dict(choices=ERROR_POLICIES, help="what a failing sample does"),
+    "retries": dict(type=int, metavar="N", help="attempts per sample beyond the first"),
+    "timeout": dict(type=float, metavar="SECONDS", help="per-sample time limit (needs workers)"),
+    "prefetch": dict(type=int, metavar="N", help="batches in flight or waiting"),
+}
+
+
+class SpecError(ValueError):
+    """A spec (or shortcut, or loader flag) that does not give usable data; the message is one line."""
+
+
+# -- resolving a spec ------------------------------------------------------------------------
+def resolve(spec: str, *, call: bool = True) -> Any:
+    """The object ``spec`` names; called (with no arguments) when callable and ``call`` is true."""
+    target, sep, name = spec.rpartition(":")
+    if not (sep and target and name):
+        raise SpecError(f"SPEC must be FILE.py:NAME or MODULE:NAME, got {spec!r}")
+    module = _import_file(target) if target.endswith(".py") else _import_module(target)
+    obj: Any = module
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            raise SpecError(f"{target} has no {name!r}")
+        obj = getattr(obj, part)
+    if not (call and callable(obj)):
+        return obj
+    try:
+        return obj()
+    except Exception as exc:  # the user's code: say where, in one line
+        raise SpecError(f"{spec} raised {_one_line(exc)}") from exc
+
+
+def resolve_callable(spec: str) -> Callable:
+    """The function ``spec`` names (not called), e.g. a ``--check`` function."""
+    fn = resolve(spec, call=False)
+    if not callable(fn):
+        raise SpecError(f"{spec} is a {type(fn).__name__}, expected a function")
+    return fn
+
+
+def _import_module(name: str):
+    try:
+        return importlib.import_module(name)
+    except Exception as exc:  # ImportError, or whatever the module raises while importing
+        raise SpecError(f"cannot import module {name!r}: {_one_line(exc)}") from exc
+
+
+def _import_file(path: str):
+    """Import FILE.py as a top-level module, its directory on sys.path, so that spawned
+    process workers (which inherit sys.path) can import it by name to unpickle its objects."""
+    path = os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise SpecError(f"SPEC file not found: {path}")
+    name = Path(path).stem
+    loaded = sys.modules.get(name)
+    if loaded is not None and os.path.abspath(getattr(loaded, "__file__", None) or "") != path:
+        raise SpecError(f"cannot import {path} as module {name!r}: a module of that name is already loaded "
+                        f"from {getattr(loaded, '__file__', None)}; rename the file")
+    if os.path.dirname(path) not in sys.path:
+        sys.path.insert(0, os.path.dirname(path))
+    return _import_module(name)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+# -- arguments -------------------------------------------------------------------------------
+def add_spec_arguments(parser: argparse.ArgumentParser, *, metavar: str = "SPEC", help: str | None = None,
+                       exclude: tuple[str, ...] = ()) -> None:
+    """Add the positional spec (dest ``spec``, optional when a shortcut is used), the source
+    shortcuts and the loader flags (less those named in ``exclude``, e.g. ``("workers", "mode")``)."""
+    parser.add_argument("spec", metavar=metavar, nargs="?", default=None,
+                        help=help or "FILE.py:NAME or MODULE:NAME: a function returning a steadyfeed.Loader "
+                                     "or a source (or such an object itself)")
+    shortcuts = parser.add_argument_group("data shortcuts (instead of SPEC)")
+    shortcuts.add_argument("--npy-pairs", nargs=2, metavar=("INPUTS", "LABELS"), help="NpyPairs(INPUTS, LABELS)")
+    shortcuts.add_argument("--npy", metavar="FILE", help="NpyArray(x=FILE), more files with --key NAME=FILE")
+    shortcuts.add_argument("--hdf5", metavar="FILE", help="Hdf5Source(FILE, ...) with --key NAME=/dataset")
+    shortcuts.add_argument("--images", metavar="DIR", help="ImageFolder(DIR): DIR/<class>/<image files>")
+    shortcuts.add_argument("--csv", metavar="FILE", help="CsvSource(FILE, x=--x, y=--y)")
+    shortcuts.add_argument("--tfrecord", metavar="GLOB", help="TFRecordSource(GLOB), e.g. a pack output directory")
+    shortcuts.add_argument("--key", action="append", default=[], metavar="NAME=WHERE",
+                           help="a named array: a dataset path for --hdf5, a file for --npy (repeatable)")
+    shortcuts.add_argument("--x", metavar="COLS", help="--csv: comma-separated input columns (names or 0-based)")
+    shortcuts.add_argument("--y", metavar="COL", help="--csv: the label column")
+    shortcuts.add_argument("--dtype", action="append", default=[], metavar="KEY=DTYPE",
+                           help="--csv: a key's dtype, e.g. y=int64 (default float32)")
+    shortcuts.add_argument("--image-size", nargs=2, type=int, metavar=("H", "W"), help="--images: resize to H x W")
+    shortcuts.add_argument("--channels", type=int, choices=(1, 3, 4), default=3, help="--images: channels (default 3)")
+
+    flags = parser.add_argument_group("loader options (override a returned Loader's)")
+    for name, kwargs in LOADER_FLAGS.items():
+        if name not in exclude:
+            flags.add_argument(_flag(name), dest=name, default=None, **kwargs)
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+# -- building ----------------------------------------------------------------------------------
+def loader_from_args(args: argparse.Namespace) -> Loader:
+    """The Loader the parsed arguments describe: SPEC or one shortcut, then the loader flags."""
+    given = [name for name in _SHORTCUTS if getattr(args, name, None) is not None]
+    if bool(args.spec) + len(given) != 1:
+        got = [args.spec] * bool(args.spec) + [_flag(name) for name in given]
+        raise SpecError(f"give exactly one of SPEC, {', '.join(map(_flag, _SHORTCUTS))}"
+                        + (f" (got {', '.join(got)})" if got else ""))
+    if args.spec:
+        return loader_from_spec(args.spec, args)
+    name = given[0]
+    try:
+        source = _SHORTCUTS[name](getattr(args, name), args)
+    except SpecError:
+        raise
+    except Exception as exc:  # missing files, refused data, a missing optional package
+        raise SpecError(f"{_flag(name)}: {_one_line(exc)}") from exc
+    return as_loader(source, loader_options(args), what=_flag(name))
+
+
+def describe(args: argparse.Namespace) -> str:
+    """The data the arguments name, as typed: the spec, or the shortcut and its value."""
+    if args.spec:
+        return args.spec
+    for name in _SHORTCUTS:
+        value = getattr(args, name, None)
+        if value is not None:
+            return " ".join([_flag(name), *([value] if isinstance(value, str) else value)])
+    return ""
+
+
+def loader_from_spec(spec: str, args: argparse.Namespace | None = None) -> Loader:
+    """The Loader ``spec`` names, with the loader flags in ``args`` applied."""
+    return as_loader(resolve(spec), loader_options(args), what=spec)
+
+
+def loader_options(args: argparse.Namespace | None) -> dict:
+    """The Loader keywords given on the command line (flags left at None are not given)."""
+    if args is None:
+        return {}
+    return {name: getattr(args, name) for name in LOADER_FLAGS if getattr(args, name, None) is not None}
+
+
+def as_loader(obj: Any, options: dict, what: str) -> Loader:
+    """``obj`` (a Loader or a source) as a Loader with ``options`` applied."""
+    if not isinstance(obj, Loader) and not (hasattr(obj, "__len__") and hasattr(obj, "__getitem__")):
+        hint = "; to turn an iterable into a source, use steadyfeed pack" if hasattr(obj, "__iter__") else ""
+        raise SpecError(f"{what} gave a {type(obj).__name__}, expected a steadyfeed.Loader or a source "
+                        f"(len + getitem){hint}")
+    try:
+        if isinstance(obj, Loader):
+            return obj.replace(**options) if options else obj
+        return Loader(obj, options.pop("batch_size", DEFAULT_BATCH_SIZE), **options)
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"invalid loader options for {what}: {_one_line(exc)}") from exc
+
+
+def usage_error(command: str, exc: BaseException | str) -> int:
+    """Print ``steadyfeed COMMAND: error: ...`` on stderr; the exit code for it."""
+    print(f"steadyfeed {command}: error: {exc}", file=sys.stderr)
+    return USAGE_ERROR
+
+
+# -- the shortcuts -------------------------------------------------------------------------------
+def _named(pairs: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not (sep and name and value):
+            raise SpecError(f"{flag} takes NAME=VALUE, got {pair!r}")
+        out[name] = value
+    return out
+
+
+def _npy(path: str, args) -> Any:
+    from ..sources.npy import NpyArray
+    return NpyArray(x=path, **_named(args.key, "--key"))
+
+
+def _npy_pairs(dirs: list[str], args) -> Any:
+    from ..sources.npy import NpyPairs
+    return NpyPairs(*dirs)
+
+
+def _hdf5(path: str, args) -> Any:
+    from ..sources.hdf5 import Hdf5Source
+    keys = _named(args.key, "--key")
+    if not keys:
+        raise SpecError("--hdf5 needs the datasets to read, e.g. --key x=/images --key y=/labels")
+    return Hdf5Source(path, **keys)
+
+
+def _images(root: str, args) -> Any:
+    from .. import sources
+    return sources.ImageFolder(root, size=args.image_size, channels=args.channels)
+
+
+def _csv(path: str, args) -> Any:
+    from ..sources.csv_rows import CsvSource
+    if not args.x:
+        raise SpecError("--csv needs the input columns, e.g. --x a,b,c (and --y label)")
+    columns = [int(c) if c.isdigit() else c for c in args.x.split(",")]
+    keys = {"x": columns} | ({"y": int(args.y) if args.y.isdigit() else args.y} if args.y else {})
+    return CsvSource(path, dtypes=_named(args.dtype, "--dtype"), **keys)
+
+
+def _tfrecord(paths: str, args) -> Any:
+    from .. import sources
+    return sources.TFRecordSource(paths)
+
+
+_SHORTCUTS: dict[str, Callable[[Any, argparse.Namespace], Any]] = {
+    "npy_pairs": _npy_pairs, "npy": _npy, "hdf5": _hdf5, "images": _images, "csv": _csv, "tfrecord": _tfrecord,
+}
+
+
+# -- reading a loader's data as it is ------------------------------------------------------------
+def raw_loader(loader: Loader, *, batch_size: int | None = None, workers: int | None = None,
+               mode: str | None = None) -> Loader:
+    """A loader over ``loader``'s source as stored: every id once, in id order, no transform,
+    one shard, ids in each batch, failing samples skipped (see its ``quarantine_report()``)
+    however many fail, and nothing written to the original's quarantine file."""
+    cfg = loader.config
+    return at_setting(
+        loader, cfg.workers if workers is None else workers, mode or cfg.mode, batch_size=batch_size or cfg.batch_size,
+        transform=None, shuffle=False, sampler=None, last_batch="partial", shard_index=0, shard_count=1,
+        on_error="skip", max_error_fraction=1.0,
+    )
+
+
+def at_setting(loader: Loader, workers: int, mode: str, **changes) -> Loader:
+    """``loader.replace`` with ``workers`` and ``mode``, ids in every batch and no quarantine
+    file (a command never writes to the user's). A ``timeout`` is kept where it can apply:
+    with ``workers=0`` nothing can interrupt a sample, so it is dropped there."""
+    timeout = loader.config.timeout if workers else None
+    return loader.replace(workers=workers, mode=mode, timeout=timeout, with_ids=True, quarantine=None, **changes)
+
+
+def real_rows(batch: dict) -> np.ndarray:
+    """A bool per row of a batch made ``with_ids``: False on the masked rows ``last_batch="pad"`` adds."""
+    return batch["mask"] > 0 if "mask" in batch else np.ones(len(batch["id"]), bool)
+
+
+def batch_rows(batch: dict) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """``(sample id, {key: row})`` for each real row of a batch made ``with_ids`` (padded rows left out)."""
+    keys = [k for k in batch if k not in ("id", "mask")]
+    for row in np.flatnonzero(real_rows(batch)):
+        yield int(batch["id"][row]), {k: batch[k][row] for k in keys}

@@ -1,0 +1,163 @@
+"""``steadyfeed inspect``: counts, sizes, formats, shapes, image modes, labels and unreadable
+files of a directory or file, and the samples of any loader or source."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from steadyfeed.tools.cli import main
+from steadyfeed.tools.inspection import inspect_files, size_summary
+
+pytestmark = pytest.mark.timeout(60)
+
+Image = pytest.importorskip("PIL.Image")
+CASES = Path(__file__).parent / "cli_specs" / "audit_cases.py"
+
+
+@pytest.fixture(autouse=True)
+def _own_sys_path(monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the CLI puts a spec's folder on sys.path
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """cats/ and dogs/: 9 RGB images (PNG and JPEG), a grayscale one, a blank one, a corrupt one."""
+    rng = np.random.default_rng(0)
+    root = tmp_path / "images"
+    for name in ("cats", "dogs"):
+        (root / name).mkdir(parents=True)
+    for i in range(4):
+        Image.fromarray(rng.integers(0, 255, (12, 10, 3), dtype=np.uint8)).save(root / "cats" / f"c{i}.png")
+        Image.fromarray(rng.integers(0, 255, (12, 10, 3), dtype=np.uint8)).save(root / "dogs" / f"d{i}.jpg")
+    Image.fromarray(np.zeros((12, 10, 3), np.uint8)).save(root / "cats" / "blank.png")
+    Image.fromarray(rng.integers(0, 255, (12, 10), dtype=np.uint8)).save(root / "dogs" / "gray.png")
+    (root / "dogs" / "corrupt.jpg").write_bytes(b"\xff\xd8 this is not a JPEG")
+    (root / ".hidden").write_text("never listed")
+    return root
+
+
+def inspect_json(capsys, *argv) -> tuple[int, dict]:
+    code = main(["inspect", *argv, "--json", "--no-progress"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_an_image_folder_is_counted_and_the_corrupt_file_listed(folder, capsys):
+    code, report = inspect_json(capsys, str(folder))
+    assert code == 1  # an unreadable file
+    assert (report["kind"], report["count"]) == ("files", 11)
+    assert report["unreadable"] == [{"item": os.path.join("dogs", "corrupt.jpg"),
+                                     "error": report["unreadable"][0]["error"]}]
+    assert "UnidentifiedImageError" in report["unreadable"][0]["error"]
+    assert report["modes"] == {"RGB": 9, "L": 1}
+    assert report["formats"] == {"PNG": 6, "JPEG": 4}
+    assert report["shapes"]["image"] == {"12x10x3": 9, "12x10x1": 1}
+    assert report["outliers"]["image mode"]["items"] == [os.path.join("dogs", "gray.png")]
+    assert report["labels"] == {"source": "files per class folder", "counts": {"cats": 5, "dogs": 6}}
+    sizes = report["sizes"]
+    assert sizes["min"] <= sizes["median"] <= sizes["max"]
+    assert sum(b["count"] for b in sizes["histogram"]) == 11
+
+
+def test_the_text_report_names_the_grayscale_image_and_the_corrupt_file(folder, capsys):
+    assert main(["inspect", str(folder), "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "modes         RGB 9, L 1" in out
+    assert f"differ in image mode from the most common (RGB, 9): {os.path.join('dogs', 'gray.png')}" in out
+    assert os.path.join("dogs", "corrupt.jpg") + ": UnidentifiedImageError" in out
+    assert out.rstrip().endswith("FAILED: 1 unreadable, 0 quality problem(s)") and "  unreadable    1:" in out
+
+
+def test_decode_finds_truncated_files_and_checks_find_blank_images(folder, capsys):
+    (folder / "dogs" / "corrupt.jpg").unlink()
+    data = (folder / "cats" / "c0.png").read_bytes()
+    (folder / "cats" / "cut.png").write_bytes(data[: len(data) // 2])
+    assert inspect_json(capsys, str(folder))[0] == 0  # the header alone looks fine
+    code, report = inspect_json(capsys, str(folder), "--decode")
+    assert code == 1 and [u["item"] for u in report["unreadable"]] == [os.path.join("cats", "cut.png")]
+    code, report = inspect_json(capsys, str(folder), "--checks", "not_constant", "--workers", "2")
+    assert code == 1 and report["problem_count"] == 1
+    assert report["problems"][0] | {"detail": ""} == {"sample_id": os.path.join("cats", "blank.png"), "key": "image",
+                                                      "check": "not_constant", "detail": ""}
+
+
+def test_threads_give_the_same_report(folder):
+    assert inspect_files(folder, workers=3).as_dict() == inspect_files(folder).as_dict()
+
+
+def test_npy_and_hdf5_files_show_shapes_and_dtypes(tmp_path, capsys):
+    np.save(tmp_path / "a.npy", np.zeros((5, 3), np.float32))
+    np.save(tmp_path / "b.npy", np.zeros((5, 3), np.float32))
+    np.save(tmp_path / "odd.npy", np.zeros(2, np.int16))
+    (tmp_path / "cut.npy").write_bytes((tmp_path / "a.npy").read_bytes()[:-4])
+    (tmp_path / "notes.txt").write_text("hello")
+    code, report = inspect_json(capsys, str(tmp_path))
+    assert code == 1 and [u["item"] for u in report["unreadable"]] == ["cut.npy"]
+    assert "truncated" in report["unreadable"][0]["error"]
+    assert report["shapes"]["npy"] == {"5x3 float32": 2, "2 int16": 1}
+    assert report["formats"] == {"npy": 3, "txt": 1} and report["labels"] is None
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f["images"] = np.zeros((4, 8, 8), np.uint8)
+        f["meta/labels"] = np.arange(4)
+    code, report = inspect_json(capsys, str(tmp_path / "d.h5"))
+    assert code == 0 and report["count"] == 1 and report["formats"] == {"hdf5": 1}
+    assert report["shapes"] == {"/images": {"4x8x8 uint8": 1}, "/meta/labels": {"4 int64": 1}}
+
+
+def test_a_loader_spec_is_read_as_stored(capsys, no_leaks):
+    code, report = inspect_json(capsys, f"{CASES}:good", "--workers", "2")
+    assert code == 0
+    assert (report["kind"], report["count"], report["unreadable"]) == ("samples", 96, [])
+    assert report["shapes"] == {"x": {"4 float64": 96}, "y": {"scalar float64": 96}}
+    assert report["sizes"]["min"] == report["sizes"]["max"] == 40
+
+
+def test_a_source_shortcut_lists_unreadable_samples_labels_and_quality(tmp_path, capsys, no_leaks):
+    for d in ("in", "lab"):
+        (tmp_path / d).mkdir()
+    for i in range(6):
+        x = np.random.default_rng(i).random((2, 2))
+        x[0, 0] = np.nan if i == 2 else x[0, 0]
+        np.save(tmp_path / "in" / f"{i}.npy", x)
+        np.save(tmp_path / "lab" / f"{i}.npy", np.int64(i % 3))
+    (tmp_path / "in" / "4.npy").write_bytes(b"garbage")
+    code, report = inspect_json(capsys, "--npy-pairs", str(tmp_path / "in"), str(tmp_path / "lab"),
+                                "--checks", "finite", "--workers", "2")
+    assert code == 1
+    assert report["target"] == f"--npy-pairs {tmp_path / 'in'} {tmp_path / 'lab'}"
+    (bad,) = report["unreadable"]
+    assert bad["sample_id"] == 4 and str(tmp_path / "in" / "4.npy") in bad["item"] and "DataError" in bad["error"]
+    assert report["labels"] == {"source": "key 'y'", "counts": {"0": 2, "1": 1, "2": 2}}
+    assert [(p["sample_id"], p["check"]) for p in report["problems"]] == [(2, "finite")]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["no/such/dir"], "no/such/dir: no such file or directory"),
+    (["{cases}:missing"], "has no 'missing'"),
+    ([".", "--checks", "shiny"], "unknown check(s) 'shiny'"),
+])
+def test_usage_errors_exit_2(capsys, argv, message):
+    assert main(["inspect", *(a.format(cases=CASES) for a in argv)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("steadyfeed inspect: error: ") and message in err
+
+
+def test_the_installed_console_script_runs_it(folder):
+    script = Path(sys.executable).parent / "steadyfeed"
+    done = subprocess.run([str(script), "inspect", str(folder), "--json"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout)["modes"] == {"RGB": 9, "L": 1}
+    assert "inspect images" in done.stderr  # the progress bar
+
+
+def test_size_summary_buckets_are_powers_of_two():
+    summary = size_summary([0, 1, 3, 1000, 1024])
+    assert (summary["min"], summary["median"], summary["max"]) == (0, 3, 1024)
+    edges = [(b["from"], b["to"]) for b in summary["histogram"]]
+    assert edges[:3] == [(0, 1), (1, 2), (2, 4)] and edges[-1] == (1024, 2048)
+    assert [b["count"] for b in summary["histogram"]] == [1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1]
+    assert size_summary([])["histogram"] == []
