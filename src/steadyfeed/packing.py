@@ -24,9 +24,7 @@ import json
 import math
 import os
 import shutil
-import sys
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -34,6 +32,7 @@ import numpy as np
 
 from .errors import DataError, SampleError
 from .loader import Loader
+from .progress import progress_bar
 from .sources.base import close_source, locate, read_many
 from .sources.tfrecord import (
     INDEX_SUFFIX, MANIFEST_NAME, FeatureSpec, RecordWriter, check_sample, encode_example, index_path,
@@ -68,7 +67,9 @@ def pack(source: Any, out_dir: str | os.PathLike, shard_size: int = DEFAULT_SHAR
     try:
         encoder = SampleEncoder()
         chunks = _source_chunks(source, encoder, workers, mode) if is_source else _iterable_chunks(source, encoder)
-        with contextlib.closing(chunks), _progress_bar(len(source) if is_source else None, out_dir, progress) as bar:
+        bar = progress_bar(len(source) if is_source else None, f"pack {out_dir.name}", unit=" samples",
+                           enabled=progress, leave=True)
+        with contextlib.closing(chunks), bar:
             counts = _write_shards(chunks, staging, int(shard_size), bar)
         _finish(staging, counts, encoder.specs or {})
         _publish(staging, out_dir)
@@ -240,28 +241,3 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-# -- progress ---------------------------------------------------------------------------------------
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def __enter__(self) -> "_NoBar":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
-
-
-def _progress_bar(total: int | None, out_dir: Path, enabled: bool):
-    """A tqdm bar on stderr (no total for an iterable), or a silent stand-in."""
-    if not enabled:
-        return _NoBar()
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        warnings.warn("pack shows progress with tqdm: pip install 'steadyfeed[cli]' (or pass progress=False)",
-                      stacklevel=3)
-        return _NoBar()
-    return tqdm(total=total, desc=f"pack {out_dir.name}", unit=" samples", file=sys.stderr, dynamic_ncols=True)

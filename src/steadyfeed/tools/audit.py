@@ -45,7 +45,7 @@ from .. import quality
 from ..config import MODES
 from ..loader import Loader
 from ..sampling.samplers import WeightedSampler
-from .progress import progress_bar
+from ..progress import progress_bar
 from .spec import at_setting, batch_rows, raw_loader, real_rows
 
 FORMAT = "steadyfeed.audit/1"

@@ -23,7 +23,7 @@ import os
 
 from ..config import MODES
 from . import bench as benchmark
-from .progress import progress_bar
+from ..progress import progress_bar
 from .spec import SpecError, add_spec_arguments, loader_from_args, usage_error
 
 HELP = "measure a loader over workers x mode: throughput, latency, stages, queue, CPU, memory; name the bottleneck"

@@ -34,7 +34,7 @@ import numpy as np
 from .. import quality
 from ..loader import Loader
 from .audit import scan_source
-from .progress import progress_bar
+from ..progress import progress_bar
 
 FORMAT = "steadyfeed.inspect/1"
 LISTED = 1000  # items kept per list in as_dict (counts are always complete)

@@ -1,4 +1,4 @@
-"""Progress bars for the commands: tqdm on stderr, or a silent stand-in.
+"""Progress bars for long work (pack, the commands): tqdm on stderr, or a silent stand-in.
 
 stdout stays clean for reports and ``--json``; a missing tqdm (the ``cli`` extra) costs
 the bar, never the command.
@@ -21,7 +21,7 @@ class _Silent:
         return None
 
 
-def progress_bar(total: int | None, desc: str, *, unit: str = "it", enabled: bool = True):
+def progress_bar(total: int | None, desc: str, *, unit: str = "it", enabled: bool = True, leave: bool = False):
     """A tqdm bar on stderr when ``enabled`` and tqdm is installed, else a silent stand-in.
     Use it as a context manager; ``update(n)`` advances it."""
     if not enabled:
@@ -30,4 +30,4 @@ def progress_bar(total: int | None, desc: str, *, unit: str = "it", enabled: boo
         from tqdm import tqdm
     except ImportError:
         return _Silent()
-    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=False)
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, leave=leave)
