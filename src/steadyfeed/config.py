@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from .sampling.plan import LAST_BATCH_POLICIES
 
-MODES = ("thread", "process")
+MODES = ("thread", "process", "ray")
 ERROR_POLICIES = ("raise", "skip")
 
 

@@ -211,4 +211,10 @@ def make_pool(mode: str, workers: int, ctx: WorkContext, timeout: float | None):
         return InlinePool(ctx)
     if mode == "thread":
         return ThreadPool(ctx, workers, timeout)
+    if mode == "ray":
+        try:
+            from .ray_pool import RayPool  # Ray is optional and slow to import: only when asked for
+        except ModuleNotFoundError as exc:
+            raise ModuleNotFoundError(f"mode='ray' needs Ray: pip install 'steadyfeed[ray]' ({exc})") from exc
+        return RayPool(ctx, workers, timeout)
     return ProcessPool(ctx, workers, timeout)

@@ -1,0 +1,258 @@
+"""mode="ray": the scheduler's guarantees hold on Ray actors, and the Ray Data bridges round-trip.
+
+One small local cluster (2 CPUs, no dashboard) serves the whole module. The ``no_leaks``
+fixture cannot be used here (Ray's own daemons are children of the test process), so
+``no_ray_leaks`` checks what is ours: no actor of steadyfeed's left alive, no worker
+thread, no shared-memory segment.
+"""
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'steadyfeed[ray]'); skipping mode='ray' tests")
+pytest.importorskip("ray.data", reason="Ray Data is not installed (pip install 'steadyfeed[ray]')")
+
+import steadyfeed.ray as sfr  # noqa: E402
+from steadyfeed import Loader, SampleTimeout, WorkerDied  # noqa: E402
+from steadyfeed.execution import ray_pool  # noqa: E402
+from steadyfeed.execution.ray_pool import ACTOR_PREFIX, RayClusterLost, RayPool  # noqa: E402
+
+from conftest import snapshot  # noqa: E402
+from helpers import FaultySource, assert_paired, epoch_digest, noisy, paired_source  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+N = 40
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _start_ray():
+    # actors import helpers.py (sources and transforms pickled by reference) like spawned processes do
+    sfr.init(num_cpus=2, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": TESTS_DIR}})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    _start_ray()
+    yield
+    ray.shutdown()
+
+
+def our_actors() -> list[str]:
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    return [n for n in names if n.startswith(ACTOR_PREFIX)]
+
+
+@pytest.fixture
+def no_ray_leaks():
+    yield
+    deadline = time.monotonic() + 10
+    while our_actors() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert our_actors() == [], f"steadyfeed Ray actors left alive: {our_actors()}"
+    after = snapshot()
+    assert after["threads"] == [] and after["segments"] == [], after  # status slots included
+
+
+def delivered_ids(loader):
+    batches = list(loader)
+    for b in batches:
+        assert_paired(b)
+    return np.concatenate([b["id"] for b in batches]) if batches else np.zeros(0, np.int64)
+
+
+def digests(mode, workers=2):
+    with Loader(paired_source(300), 32, shuffle=True, seed=7, transform=noisy, workers=workers, mode=mode,
+                with_ids=True) as loader:
+        return [epoch_digest(loader.epoch(e)) for e in (0, 1)]
+
+
+def test_exactly_once_and_bit_identical_to_threads(no_ray_leaks):
+    assert digests("ray") == digests("thread") == digests("thread", workers=0)
+    with Loader(paired_source(N), 4, shuffle=True, workers=2, mode="ray", with_ids=True) as loader:
+        assert sorted(delivered_ids(loader).tolist()) == list(range(N))
+        assert all(a.attached for a in loader._pool.actors.values())  # status read from shared memory here
+        batch = next(iter(loader))
+        assert all(a.flags.writeable and a.flags.owndata for a in batch.values())  # fresh, not object-store views
+
+
+def test_actor_killed_mid_epoch_still_exactly_once(marker_dir, no_ray_leaks):
+    src = FaultySource(N, marker_dir=marker_dir, slow=0.02)
+    with Loader(src, 4, workers=2, mode="ray", with_ids=True, retries=1) as loader:
+        ids, victims = [], []
+        for i, batch in enumerate(loader):
+            ids.append(batch["id"])
+            if i == 1:
+                victim = next(iter(loader._pool.actors.values()))
+                victims.append(victim.wid)
+                ray.kill(victim.handle, no_restart=True)
+        assert sorted(np.concatenate(ids).tolist()) == list(range(N))
+        assert victims[0] not in loader._pool.actors  # the killed actor was replaced
+
+
+def test_sample_that_kills_its_actor_is_rerun(marker_dir, no_ray_leaks):
+    src = FaultySource(N, kill={9, 30}, marker_dir=marker_dir)
+    with Loader(src, 4, workers=2, mode="ray", with_ids=True, retries=1) as loader:
+        assert sorted(delivered_ids(loader).tolist()) == list(range(N))
+
+
+def test_actor_death_without_retries_names_the_sample(marker_dir, no_ray_leaks):
+    src = FaultySource(N, kill={9}, marker_dir=marker_dir)
+    with Loader(src, 4, workers=2, mode="ray", with_ids=True) as loader:
+        with pytest.raises(WorkerDied) as info:
+            list(loader)
+    assert (info.value.sample_id, info.value.batch_index) == (9, 2)
+    assert "Ray actor died" in str(info.value)
+
+
+def test_skip_quarantines_with_the_same_fields_as_threads(marker_dir, no_ray_leaks):
+    src = FaultySource(N, fail={0, 13, 39}, marker_dir=marker_dir)
+    reports = {}
+    for mode in ("thread", "ray"):
+        with Loader(src, 4, workers=2, mode=mode, with_ids=True, on_error="skip") as loader:
+            assert sorted(delivered_ids(loader).tolist()) == sorted(set(range(N)) - {0, 13, 39})
+            reports[mode] = loader.quarantine_report()
+    assert reports["ray"] == reports["thread"]
+    assert reports["ray"][1]["location"] == "/data/sample_00013.npy"
+
+
+def test_hung_sample_times_out_naming_it(marker_dir, no_ray_leaks):
+    src = FaultySource(N, hang={17}, marker_dir=marker_dir)
+    t0 = time.monotonic()
+    with Loader(src, 4, workers=2, mode="ray", timeout=0.5) as loader:
+        with pytest.raises(SampleTimeout) as info:
+            list(loader)
+    assert info.value.sample_id == 17 and "timeout=0.5" in str(info.value)
+    assert time.monotonic() - t0 < 15
+
+
+@pytest.fixture
+def polled_status(monkeypatch):
+    """Actors as on another node: status through status() calls, not shared memory."""
+    monkeypatch.setattr(RayPool, "share_status", False)
+
+
+def test_remote_style_status_still_times_out_and_recovers(polled_status, marker_dir, no_ray_leaks):
+    src = FaultySource(N, hang={17}, kill={30}, marker_dir=marker_dir)
+    with Loader(src, 4, workers=2, mode="ray", timeout=0.5, retries=1, on_error="skip", with_ids=True) as loader:
+        ids = delivered_ids(loader)
+        assert not any(a.attached for a in loader._pool.actors.values())
+        report = loader.quarantine_report()
+    assert sorted(ids.tolist()) == sorted(set(range(N)) - {17})
+    assert [(r["sample_id"], r["error_type"]) for r in report] == [(17, "SampleTimeout")]
+
+
+def test_shutdown_kills_every_actor(no_ray_leaks):
+    loader = Loader(paired_source(100), 4, workers=2, mode="ray")
+    list(loader)
+    pids = loader._pool.actor_pids()
+    assert len(our_actors()) == 2
+    loader.close()
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        assert time.monotonic() < deadline, f"actor processes still running: {pids}"
+        time.sleep(0.1)
+
+
+def test_two_shards_are_disjoint_and_complete(no_ray_leaks):
+    shards = []
+    for k in range(2):
+        with Loader(paired_source(N + 3), 4, shuffle=True, seed=3, workers=1, mode="ray", with_ids=True,
+                    shard_index=k, shard_count=2) as loader:
+            shards.append(set(delivered_ids(loader).tolist()))
+    assert not shards[0] & shards[1] and shards[0] | shards[1] == set(range(N + 3))
+
+
+def test_ray_data_bridges_round_trip(no_ray_leaks):
+    x = np.arange(N * 3, dtype=np.float32).reshape(N, 3)
+    ds = ray.data.from_numpy(x).repartition(4)
+    ds = ds.map_batches(lambda b: {"x": b["data"], "y": b["data"].sum(axis=1)}, batch_format="numpy")
+    source = sfr.source_from_ray_dataset(ds)
+    assert len(source) == N
+    with Loader(source, 8, workers=2, mode="ray", with_ids=True) as loader:
+        back = sfr.to_ray_dataset(loader, epoch=0)
+        rows = back.take_all()
+    assert [r["id"] for r in rows] == list(range(N))
+    np.testing.assert_array_equal(np.stack([r["x"] for r in rows]), x)
+    np.testing.assert_array_equal(np.array([r["y"] for r in rows]), x.sum(axis=1))
+
+
+def test_actors_that_cannot_be_placed_raise_instead_of_waiting(monkeypatch, no_ray_leaks):
+    monkeypatch.setattr(ray_pool, "START_SECONDS", 2.0)
+    with Loader(paired_source(N), 4, workers=3, mode="ray") as loader:  # 3 actors of 1 CPU on 2 CPUs
+        with pytest.raises(RayClusterLost, match="1 of 3 Ray actors did not start within 2s"):
+            list(loader)
+
+
+def test_cluster_going_away_raises_instead_of_hanging(no_ray_leaks):
+    """Last: it shuts the module's cluster down, then starts it again."""
+    try:
+        t0 = time.monotonic()
+        with Loader(paired_source(200), 4, workers=2, mode="ray") as loader:
+            with pytest.raises(RayClusterLost, match="Ray cluster at .* is gone"):
+                for i, _ in enumerate(loader):
+                    if i == 1:
+                        ray.shutdown()
+        assert time.monotonic() - t0 < 20
+    finally:
+        _start_ray()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_head(temp_dir: str, port: int) -> None:
+    """Every process of the test's own head: those naming its temp dir or port, and their children
+    (the raylet's agents and workers, which rename themselves "ray::..."), never anyone else's Ray."""
+    roots = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if (temp_dir in cmdline or f":{port} " in cmdline) and proc.pid != os.getpid():
+            roots.append(proc)
+    victims = list(roots)
+    for proc in roots:
+        try:
+            victims.extend(proc.children(recursive=True))
+        except psutil.Error:
+            pass
+    for proc in victims:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+
+
+@pytest.mark.timeout(120)
+def test_head_killed_raises_cluster_lost(no_ray_leaks):
+    """A separate head (its own short temp dir, so nothing of it outlives the test) is killed mid-epoch."""
+    ray.shutdown()
+    temp_dir = tempfile.mkdtemp(prefix="sfray")  # short: Ray's socket paths must fit in 107 bytes
+    port = _free_port()
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    try:
+        subprocess.run([ray_cli, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}", "--num-cpus=2",
+                        "--include-dashboard=false", "--disable-usage-stats"], check=True, capture_output=True,
+                       timeout=60)
+        sfr.init(address=f"127.0.0.1:{port}", log_to_driver=False)
+        with Loader(paired_source(100_000), 4, workers=2, mode="ray") as loader:
+            with pytest.raises(RayClusterLost, match=f"Ray cluster at .*:{port} .*head does not answer"):
+                for i, _ in enumerate(loader):
+                    if i == 5:
+                        _kill_head(temp_dir, port)  # the head's GCS, raylet, agents and the actors
+                        t0 = time.monotonic()
+        assert time.monotonic() - t0 < 20
+    finally:
+        ray.shutdown()
+        _kill_head(temp_dir, port)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        _start_ray()
