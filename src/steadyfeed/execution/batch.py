@@ -149,10 +149,17 @@ def collate(samples: dict[int, dict], task: BatchTask, allocate: Allocator) -> d
     return out
 
 
+def _ownable(column: np.ndarray) -> bool:
+    return type(column) is np.ndarray and column.flags.writeable and column.flags.c_contiguous
+
+
 def collate_columns(columns: dict[str, np.ndarray], task: BatchTask, allocate: Allocator) -> dict[str, np.ndarray]:
     """The fast path: a batch read as stacked columns goes into the output in one copy per key."""
     spec = task.spec
     real = spec.num_real
+    if allocate is numpy_allocator and spec.pad_to is None and all(_ownable(col) for col in columns.values()):
+        # read_batch hands over fresh arrays (its contract): keep them instead of copying again
+        return {**columns, "id": spec.ids[:real].copy()}
     rows = spec.pad_to if spec.pad_to is not None else real
     out = _allocate({key: (col.shape[1:], col.dtype) for key, col in columns.items()}, rows, spec, allocate)
     for key, col in columns.items():

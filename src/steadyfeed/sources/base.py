@@ -5,8 +5,9 @@ the sample id is ``i``. Optional extras the engine uses when present:
 
 * ``read_many(ids) -> list[dict]``: one call for a whole batch, when that is cheaper;
 * ``read_batch(ids) -> dict[str, array]``: the batch as stacked columns (first dimension
-  ``len(ids)``); with no transform the engine copies these straight into the batch,
-  skipping all per-sample work. Sources that offer it get ``read_many`` from
+  ``len(ids)``), freshly allocated for the caller to keep (never a buffer the source
+  reuses); with no transform the engine uses them as the batch, skipping all per-sample
+  work. Sources that offer it get ``read_many`` from
   :func:`split_rows`;
 * ``locate(i) -> str``: where sample ``i`` lives (a file path, a row), for error messages;
 * ``close()``: release file handles (called when a worker or the loader shuts down);

@@ -206,7 +206,12 @@ def _unlistable(err: OSError) -> None:
 def _read(path, max_bytes: int) -> bytes:
     try:
         with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)  # never more, whatever the file claims to be
+            size = os.fstat(f.fileno()).st_size
+            if size > max_bytes:
+                raise DataError(f"{path}: larger than max_bytes={max_bytes:,}; refused without decoding")
+            # size + 1: a file that grew since fstat is still caught below; a read sized to the
+            # file (not to max_bytes) keeps Python from allocating max_bytes for every image
+            data = f.read(size + 1)
     except OSError as exc:
         raise DataError(f"{path}: cannot read ({exc.strerror or exc}); expected a readable image file") from exc
     if len(data) > max_bytes:
