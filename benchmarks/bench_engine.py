@@ -19,13 +19,8 @@ re-import this file as ``__mp_main__``, so its top level stays light.
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import math
-import os
-import platform
-import statistics
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -33,14 +28,12 @@ from typing import Callable, Iterator
 import numpy as np
 
 import steadyfeed
-
-os.environ["KERAS_BACKEND"] = "torch"  # only torch is installed as a Keras backend here
+from _common import (EpochFn, Result, best, bullets, coverage_failures, heading, keras_adapter, keras_batches,
+                     run_line, table, time_epochs)
 
 SEED = 0
 SHAPE = (32, 32, 3)
 PY_LOOP = 10_000  # ~0.5 ms of pure Python per sample on the reference machine
-
-EpochFn = Callable[[int], bool]  # runs epoch e, returns whether it covered every sample
 
 
 # -- transforms: module level, so spawned workers can unpickle them by name -----------------
@@ -72,23 +65,6 @@ WORKLOADS = (
     Workload("cheap numpy transform", cheap_transform, 20_000, 4_000, 64, gil_bound=False),
     Workload("GIL-holding pure-Python transform", python_transform, 3_000, 600, 32, gil_bound=True),
 )
-
-
-@dataclass
-class Result:
-    family: str  # "steadyfeed", "keras" or "torch"
-    setting: str
-    samples: int
-    seconds: float
-    covered: bool
-
-    @property
-    def rate(self) -> float:
-        return self.samples / self.seconds
-
-    @property
-    def is_peer(self) -> bool:
-        return self.family != "steadyfeed"
 
 
 def make_data(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -138,32 +114,14 @@ def keras_dataset_class():
 
 @contextmanager
 def keras_epochs(x, y, wl: Workload, workers: int, use_multiprocessing: bool) -> Iterator[EpochFn]:
-    # What `fit` does (keras 3.15.1, trainers/epoch_iterator.py): adapter.on_epoch_begin(),
-    # which starts the OrderedEnqueuer and with it a fresh thread/process pool every epoch
-    # (process pools use multiprocessing's default start method, fork on Linux), then iterate
-    # the adapter's iterator, then adapter.on_epoch_end(), which stops the enqueuer. The
-    # torch backend wraps the same iterator in a DataLoader(batch_size=None) that converts
-    # to tensors; get_numpy_iterator() is that iterator without the conversion.
-    # The timed epoch therefore includes what fit pays per epoch: the pool start and the
-    # enqueuer's stop(), whose queue drain waits out a 0.1 s get() timeout.
-    # workers=1 without multiprocessing has no enqueuer: batches are built in the consumer.
-    from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
-
+    # Iterated as `fit` does, pool start and stop included: see _common.keras_adapter.
     dataset = keras_dataset_class()(x, y, wl.batch_size, wl.transform, workers=workers,
                                     use_multiprocessing=use_multiprocessing)
-    adapter = PyDatasetAdapter(dataset, shuffle=False)
+    with keras_adapter(dataset) as adapter:
+        def epoch(e: int) -> bool:
+            return sum(len(bx) for bx, _ in keras_batches(adapter)) == len(x)
 
-    def epoch(e: int) -> bool:
-        adapter.on_epoch_begin()
-        rows = sum(len(bx) for bx, _ in adapter.get_numpy_iterator())
-        adapter.on_epoch_end()
-        return rows == len(x)
-
-    try:
         yield epoch
-    finally:
-        if adapter.enqueuer is not None:
-            adapter.enqueuer.stop()
 
 
 class TorchSamples:
@@ -212,33 +170,8 @@ SETTINGS = (  # (family, label, runner, keyword arguments)
 
 def run_setting(family: str, label: str, runner, kwargs: dict, x, y, wl: Workload, epochs: int) -> Result:
     with runner(x, y, wl, **kwargs) as epoch:
-        covered = epoch(0)  # warm-up: starts workers, touches the data
-        seconds = []
-        for e in range(1, epochs + 1):
-            t0 = time.perf_counter()
-            covered &= epoch(e)
-            seconds.append(time.perf_counter() - t0)
-    return Result(family, label, len(x), statistics.median(seconds), covered)
-
-
-def best(results: list[Result], peer: bool) -> Result:
-    return max((r for r in results if r.is_peer == peer), key=lambda r: r.rate)
-
-
-def table(results: list[Result], markdown: bool) -> str:
-    peer = best(results, peer=True).rate
-    header = ("setting", "samples/s", "vs best peer", "epoch s", "coverage")
-    rows = [(f"{r.family} {r.setting}", f"{r.rate:,.0f}", f"{r.rate / peer:.2f}x", f"{r.seconds:.2f}",
-             "ok" if r.covered else "FAIL") for r in results]
-    if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * 3 + [":---:"]) + "|"]
-        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
-    widths = [max(len(c) for c in col) for col in zip(header, *rows)]
-
-    def fmt(row) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-
-    return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(row) for row in rows])
+        covered, seconds = time_epochs(epoch, epochs)  # a warm-up epoch (starts workers), then the timed ones
+    return Result(family, label, len(x), seconds, covered)
 
 
 def verdicts(wl: Workload, results: list[Result]) -> list[str]:
@@ -251,17 +184,7 @@ def verdicts(wl: Workload, results: list[Result]) -> list[str]:
         scaling = by_label["steadyfeed", "process w2"].rate / by_label["steadyfeed", "process w1"].rate
         lines.append(f"steadyfeed process w2 / process w1: {scaling:.2f}x "
                      f"(target >= 1.7x: {'met' if scaling >= 1.7 else 'MISSED'})")
-    if not all(r.covered for r in results):
-        lines.append("COVERAGE FAILED: " + ", ".join(f"{r.family} {r.setting}" for r in results if not r.covered))
-    return lines
-
-
-def versions() -> str:
-    import keras
-    import torch
-
-    return (f"python {platform.python_version()}, numpy {np.__version__}, steadyfeed {steadyfeed.__version__}, "
-            f"keras {keras.__version__} (backend {keras.backend.backend()}), torch {torch.__version__}")
+    return lines + coverage_failures(results)
 
 
 def main() -> None:
@@ -270,18 +193,17 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="print markdown tables")
     parser.add_argument("--epochs", type=int, default=1, help="timed epochs per setting; reports the median")
     args = parser.parse_args()
-    print(f"{'**Run**: ' if args.markdown else ''}{datetime.date.today().isoformat()}, "
-        f"{os.cpu_count()} cores, {platform.platform()}; {versions()}")
+    print(run_line(args.markdown))
     for wl in WORKLOADS:
         n = wl.quick_samples if args.quick else wl.samples
         x, y = make_data(n)
         results = [run_setting(*setting, x, y, wl, args.epochs) for setting in SETTINGS]
         timed = "1 timed epoch" if args.epochs == 1 else f"median of {args.epochs} timed epochs"
         title = f"{wl.name}: {n:,} samples of float32 {SHAPE}, batch {wl.batch_size}, {timed}"
-        print(f"\n{'### ' if args.markdown else '== '}{title}\n")
+        print(heading(title, args.markdown))
         print(table(results, args.markdown))
         print()
-        print("\n".join(("- " if args.markdown else "") + line for line in verdicts(wl, results)))
+        print(bullets(verdicts(wl, results), args.markdown))
 
 
 if __name__ == "__main__":

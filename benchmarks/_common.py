@@ -1,0 +1,157 @@
+"""Helpers shared by the benchmark scripts: results, timing, tables, the run line, and the
+way Keras ``PyDataset`` is iterated (as ``fit`` does).
+
+Kept light (numpy and steadyfeed only at import): steadyfeed's process workers are spawned
+and re-import the running script, and with it this module.
+"""
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import os
+import platform
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+import steadyfeed
+
+os.environ["KERAS_BACKEND"] = "torch"  # only torch is installed as a Keras backend here
+
+EpochFn = Callable[[int], bool]  # runs epoch e, returns whether it covered every sample
+
+
+@dataclass
+class Result:
+    family: str  # "steadyfeed", a peer ("keras", "torch", "tf.data") or a reference ("h5py")
+    setting: str
+    samples: int
+    seconds: float
+    covered: bool
+    peer: bool | None = None  # None: every family but steadyfeed is a peer
+
+    @property
+    def rate(self) -> float:
+        return self.samples / self.seconds
+
+    @property
+    def is_peer(self) -> bool:
+        return self.family != "steadyfeed" if self.peer is None else self.peer
+
+    @property
+    def label(self) -> str:
+        return f"{self.family} {self.setting}"
+
+
+def time_epochs(epoch: EpochFn, epochs: int, warmup: bool = True) -> tuple[bool, float]:
+    """Runs a warm-up epoch (0, which also starts workers and touches the data) unless told
+    not to, then ``epochs`` timed ones; returns (every epoch covered, median seconds)."""
+    covered = epoch(0) if warmup else True
+    seconds = []
+    for e in range(1, epochs + 1):
+        t0 = time.perf_counter()
+        covered &= epoch(e)
+        seconds.append(time.perf_counter() - t0)
+    return covered, statistics.median(seconds)
+
+
+def time_interleaved(epoch_fns: list[EpochFn], epochs: int) -> list[tuple[bool, float, float]]:
+    """All loaders open at once: a warm-up epoch (0) of each in turn, then ``epochs`` rounds
+    that run one epoch of every loader in turn. Load that drifts over the minutes of a run
+    (a shared machine) then weighs on every loader alike instead of on whichever ran at the
+    time. Returns, per loader: (every epoch covered, warm-up seconds, median timed seconds)."""
+    covered, warm, seconds = [], [], [[] for _ in epoch_fns]
+    for epoch in epoch_fns:
+        t0 = time.perf_counter()
+        covered.append(epoch(0))
+        warm.append(time.perf_counter() - t0)
+    for e in range(1, epochs + 1):
+        for k, epoch in enumerate(epoch_fns):
+            t0 = time.perf_counter()
+            covered[k] &= epoch(e)
+            seconds[k].append(time.perf_counter() - t0)
+    return [(c, w, statistics.median(s)) for c, w, s in zip(covered, warm, seconds)]
+
+
+def best(results: list[Result], peer: bool) -> Result:
+    return max((r for r in results if r.is_peer == peer), key=lambda r: r.rate)
+
+
+def table(results: list[Result], markdown: bool) -> str:
+    peer = best(results, peer=True).rate
+    header = ("setting", "samples/s", "vs best peer", "epoch s", "coverage")
+    rows = [(r.label, f"{r.rate:,.0f}", f"{r.rate / peer:.2f}x", f"{r.seconds:.2f}",
+             "ok" if r.covered else "FAIL") for r in results]
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * 3 + [":---:"]) + "|"]
+        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+    widths = [max(len(c) for c in col) for col in zip(header, *rows)]
+
+    def fmt(row) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+
+    return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(row) for row in rows])
+
+
+def coverage_failures(results: list[Result]) -> list[str]:
+    bad = [r.label for r in results if not r.covered]
+    return ["COVERAGE FAILED: " + ", ".join(bad)] if bad else []
+
+
+def versions(*distributions: str) -> str:
+    """Versions of python, numpy, steadyfeed, keras (with its backend), torch, then of the
+    installed ``distributions`` (read from their metadata: nothing more is imported)."""
+    import keras
+    import torch
+
+    extra = "".join(f", {name} {importlib.metadata.version(name)}" for name in distributions)
+    return (f"python {platform.python_version()}, numpy {np.__version__}, steadyfeed {steadyfeed.__version__}, "
+            f"keras {keras.__version__} (backend {keras.backend.backend()}), torch {torch.__version__}{extra}")
+
+
+def run_line(markdown: bool, *distributions: str) -> str:
+    """Date, cores, platform and versions: the first line a benchmark prints."""
+    return (f"{'**Run**: ' if markdown else ''}{datetime.date.today().isoformat()}, "
+            f"{os.cpu_count()} cores, {platform.platform()}; {versions(*distributions)}")
+
+
+def heading(title: str, markdown: bool) -> str:
+    return f"\n{'### ' if markdown else '== '}{title}\n"
+
+
+def bullets(lines: list[str], markdown: bool) -> str:
+    return "\n".join(("- " if markdown else "") + line for line in lines)
+
+
+# -- Keras PyDataset, iterated as `fit` iterates it ---------------------------------------
+# What `fit` does (keras 3.15.1, trainers/epoch_iterator.py): adapter.on_epoch_begin(),
+# which starts the OrderedEnqueuer and with it a fresh thread/process pool every epoch
+# (process pools use multiprocessing's default start method, fork on Linux), then iterate
+# the adapter's iterator, then adapter.on_epoch_end(), which stops the enqueuer. The
+# torch backend wraps the same iterator in a DataLoader(batch_size=None) that converts
+# to tensors; get_numpy_iterator() is that iterator without the conversion.
+# The timed epoch therefore includes what fit pays per epoch: the pool start and the
+# enqueuer's stop(), whose queue drain waits out a 0.1 s get() timeout.
+# workers=1 without multiprocessing has no enqueuer: batches are built in the consumer.
+@contextmanager
+def keras_adapter(dataset) -> Iterator:
+    """Keras's own adapter around a ``PyDataset``; stops its enqueuer on exit."""
+    from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
+
+    adapter = PyDatasetAdapter(dataset, shuffle=False)
+    try:
+        yield adapter
+    finally:
+        if adapter.enqueuer is not None:
+            adapter.enqueuer.stop()
+
+
+def keras_batches(adapter) -> Iterator:
+    """One epoch of ``adapter``'s batches, with the epoch hooks `fit` calls around them."""
+    adapter.on_epoch_begin()
+    yield from adapter.get_numpy_iterator()
+    adapter.on_epoch_end()

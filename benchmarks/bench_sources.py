@@ -1,0 +1,692 @@
+"""Sources throughput (issue 3): steadyfeed's file sources against what users write with
+Keras ``PyDataset``, ``tf.data`` and torch ``DataLoader``, on data generated on disk.
+
+Three datasets, generated once into a temporary directory (or into / from ``--data DIR``):
+
+  npy    20,000 pairs inputs/NNNNNN.npy float32 (64, 64, 3) + labels/NNNNNN.npy float32 (1,);
+         steadyfeed reads them with NpyPairs
+  hdf5   one file, /images uint8 (20,000, 64, 64, 3) chunked 32 rows a chunk, /labels int64;
+         steadyfeed reads it with Hdf5Source(path, x="/images", y="/labels"); h5py's own bulk
+         read and a per-sample loop are timed as references
+  jpeg   5,000 JPEGs 128 x 128 (quality 90) in two class folders; steadyfeed reads them with
+         ImageFolder, and through MemoryCache (its filling epoch and the cached ones)
+
+Batch 32, one process run. For npy and jpeg every loader is built first, then each runs a
+warm-up epoch (starts workers, fills the page cache: the data is read from memory, so this
+measures the CPU cost of reading, not the disk), then rounds follow, each timing one epoch
+of every loader in turn (``--epochs K`` rounds, median reported): interleaving spreads the
+load of a shared machine evenly over the loaders. HDF5 runs one loader at a time (warm-up,
+then 3 x K timed epochs, median; its epochs last tens of milliseconds), because HDF5 shares
+per-file state among all the open handles of a process (see ``run_all``). Shuffled
+settings draw a new order every epoch; the others read in file order. MemoryCache rows:
+the warm-up epoch fills the cache and is reported as "epoch 1 (fills)"; the timed rounds
+are served from it.
+
+Coverage: every sample carries its own index inside its data (npy: x[0, 0, 0]; hdf5: the
+first three bytes of the image; jpeg: 16 black or white 16 x 16 blocks along the top
+edge) and its label is a function of that index (npy, hdf5: the index itself; jpeg: the
+class folder, index % 2). Each epoch, for every loader, the indices read back from the
+delivered batches must be exactly ``range(N)``, each once, and every label must match its
+index: a loader that drops, duplicates or mispairs samples is flagged FAIL.
+
+Run:  .venv/bin/python benchmarks/bench_sources.py [--quick] [--markdown] [--epochs K]
+                                                   [--only npy,hdf5,jpeg] [--data DIR]
+
+Keras, torch, TensorFlow, h5py and Pillow are imported lazily: steadyfeed's process
+workers are spawned and re-import this file as ``__mp_main__``, so its top level stays
+light. TensorFlow is imported when the first tf.data setting is built (the last loader of
+the first dataset), with its C++ logging turned down.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+import steadyfeed
+from _common import (EpochFn, Result, bullets, coverage_failures, heading, keras_adapter, keras_batches, run_line,
+                     table, time_interleaved)
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported: no INFO/WARNING logs
+
+SEED = 0
+BATCH = 32
+NPY_SHAPE = (64, 64, 3)
+HDF5_SHAPE = (64, 64, 3)
+HDF5_CHUNK_ROWS = 32
+JPEG_SIDE = 128
+JPEG_BLOCK = 16  # the index is drawn as 16 blocks of 16 x 16 pixels: two rows of eight along the top
+JPEG_BITS = 16
+CACHE_TARGET = 3.0  # "several times faster": read as at least 3x
+
+
+def as_numpy(a) -> np.ndarray:
+    """A batch member as numpy (torch tensors are converted without a copy)."""
+    return a.numpy() if hasattr(a, "numpy") else np.asarray(a)
+
+
+# -- the datasets: how each is generated, and how an index is read back out of a batch ------
+def npy_indices(x: np.ndarray) -> np.ndarray:
+    return x[:, 0, 0, 0].astype(np.int64)
+
+
+def hdf5_indices(x: np.ndarray) -> np.ndarray:
+    first = x[:, 0, 0, :3].astype(np.int64)
+    return (first[:, 0] << 16) | (first[:, 1] << 8) | first[:, 2]
+
+
+def jpeg_indices(x: np.ndarray) -> np.ndarray:
+    centre = JPEG_BLOCK // 2
+    bits = x[:, centre::JPEG_BLOCK, centre::JPEG_BLOCK, 0][:, :2, : JPEG_BITS // 2] > 127
+    return bits.reshape(len(x), JPEG_BITS).astype(np.int64) @ (1 << np.arange(JPEG_BITS, dtype=np.int64))
+
+
+def generate_npy(root: str, n: int) -> None:
+    rng = np.random.default_rng(SEED)
+    for d in ("inputs", "labels"):
+        os.makedirs(os.path.join(root, d))
+    for start in range(0, n, 1000):
+        block = rng.random((min(1000, n - start), *NPY_SHAPE), dtype=np.float32)
+        for k, x in enumerate(block):
+            i = start + k
+            x[0, 0, 0] = i  # exact in float32 below 2**24
+            np.save(os.path.join(root, "inputs", f"{i:06d}.npy"), x)
+            np.save(os.path.join(root, "labels", f"{i:06d}.npy"), np.array([i], np.float32))
+
+
+def generate_hdf5(path: str, n: int) -> None:
+    import h5py
+
+    rng = np.random.default_rng(SEED)
+    with h5py.File(path, "w") as f:
+        images = f.create_dataset("images", (n, *HDF5_SHAPE), np.uint8, chunks=(HDF5_CHUNK_ROWS, *HDF5_SHAPE))
+        f.create_dataset("labels", data=np.arange(n, dtype=np.int64), chunks=(min(n, 4096),))
+        for start in range(0, n, 2048):
+            block = rng.integers(0, 256, (min(2048, n - start), *HDF5_SHAPE), dtype=np.uint8)
+            ids = np.arange(start, start + len(block))
+            block[:, 0, 0, 0], block[:, 0, 0, 1], block[:, 0, 0, 2] = ids >> 16, (ids >> 8) & 255, ids & 255
+            images[start:start + len(block)] = block
+
+
+def generate_jpeg(root: str, n: int) -> None:
+    """Photo-like content (a smooth random colour field plus noise: about 8 KB at quality 90)
+    with the index drawn in gray 16 x 16 blocks that line up with the JPEG's MCUs, so they
+    decode back to near 0 or 255 whatever the decoder."""
+    from PIL import Image
+
+    rng = np.random.default_rng(SEED)
+    for c in range(2):
+        os.makedirs(os.path.join(root, f"class_{c}"))
+    for i in range(n):
+        field = Image.fromarray(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)).resize(
+            (JPEG_SIDE, JPEG_SIDE), Image.Resampling.BILINEAR)
+        noise = rng.normal(0, 12, (JPEG_SIDE, JPEG_SIDE, 3))
+        img = np.clip(np.asarray(field, np.float64) + noise, 0, 255).astype(np.uint8)
+        for b in range(JPEG_BITS):
+            r, c = divmod(b, JPEG_BITS // 2)
+            img[r * JPEG_BLOCK:(r + 1) * JPEG_BLOCK, c * JPEG_BLOCK:(c + 1) * JPEG_BLOCK] = 255 if (i >> b) & 1 else 0
+        Image.fromarray(img).save(os.path.join(root, f"class_{i % 2}", f"{i:05d}.jpg"), quality=90)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    key: str
+    samples: int
+    quick_samples: int
+    describe: str
+    generate: Callable[[str, int], None]
+    indices: Callable[[np.ndarray], np.ndarray]  # the sample indices stored in a batch of x
+    label_of: Callable[[np.ndarray], np.ndarray]  # the label each index must come with
+    epoch_scale: int = 1  # timed epochs = --epochs x this (HDF5 epochs take tens of ms: more of them)
+    interleave: bool = True  # False: one loader at a time (see run_all)
+
+    def path(self, data_dir: str, n: int) -> str:
+        return os.path.join(data_dir, f"{self.key}-{n}" + (".h5" if self.key == "hdf5" else ""))
+
+
+DATASETS = {
+    "npy": Dataset("npy", 20_000, 2_000, "`.npy` pairs, float32 (64, 64, 3) + float32 (1,) label",
+                   generate_npy, npy_indices, lambda i: i),
+    "hdf5": Dataset("hdf5", 20_000, 4_000, "HDF5, uint8 (64, 64, 3) + int64 labels, uncompressed, "
+                    f"chunks of {HDF5_CHUNK_ROWS} rows", generate_hdf5, hdf5_indices, lambda i: i, epoch_scale=3,
+                    interleave=False),
+    "jpeg": Dataset("jpeg", 5_000, 600, f"JPEG {JPEG_SIDE} x {JPEG_SIDE} RGB, quality 90, 2 class folders",
+                    generate_jpeg, jpeg_indices, lambda i: i % 2),
+}
+
+
+def prepare(ds: Dataset, data_dir: str, n: int) -> str:
+    """The dataset's path under ``data_dir``, generated unless a complete one is there."""
+    path = ds.path(data_dir, n)
+    done = path + ".complete"
+    if not os.path.exists(done):
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)
+        t0 = time.perf_counter()
+        ds.generate(path, n)
+        open(done, "w").close()
+        print(f"(generated {n:,} {ds.key} samples in {path} in {time.perf_counter() - t0:.0f} s)", file=sys.stderr,
+              flush=True)
+    return path
+
+
+class Coverage:
+    """One epoch's check: every index of ``range(n)`` once, each with its own label."""
+
+    def __init__(self, ds: Dataset, n: int):
+        self.ds, self.n = ds, n
+        self.ids: list[np.ndarray] = []
+        self.labels: list[np.ndarray] = []
+
+    def add(self, x, y) -> None:
+        x, y = as_numpy(x), as_numpy(y)
+        self.ids.append(self.ds.indices(x))
+        self.labels.append(y.reshape(len(y), -1)[:, 0].astype(np.int64))
+
+    def ok(self) -> bool:
+        if not self.ids:
+            return self.n == 0
+        ids, labels = np.concatenate(self.ids), np.concatenate(self.labels)
+        return (len(ids) == self.n and np.array_equal(np.sort(ids), np.arange(self.n))
+                and np.array_equal(labels, self.ds.label_of(ids)))
+
+
+def checked_epoch(ds: Dataset, n: int, batches: Callable[[int], Iterator]) -> EpochFn:
+    """An EpochFn that runs ``batches(e)`` (an iterable of (x, y)) through a Coverage check."""
+    def epoch(e: int) -> bool:
+        cov = Coverage(ds, n)
+        for x, y in batches(e):
+            cov.add(x, y)
+        return cov.ok()
+
+    return epoch
+
+
+# -- what each loader reads: file lists built the way users build them ----------------------
+def npy_files(root: str) -> tuple[list[str], list[str]]:
+    names = sorted(os.listdir(os.path.join(root, "inputs")))
+    return [os.path.join(root, "inputs", n) for n in names], [os.path.join(root, "labels", n) for n in names]
+
+
+def jpeg_files(root: str) -> tuple[list[str], np.ndarray]:
+    """(paths, labels) as Keras' image_dataset_from_directory and torchvision list them:
+    class folders sorted by name are labels 0, 1, ...; files sorted within each."""
+    paths, labels = [], []
+    for label, cls in enumerate(sorted(os.listdir(root))):
+        names = sorted(os.listdir(os.path.join(root, cls)))
+        paths += [os.path.join(root, cls, name) for name in names]
+        labels += [label] * len(names)
+    return paths, np.array(labels, np.int64)
+
+
+def pil_rgb(path: str) -> np.ndarray:
+    """torchvision's default ``pil_loader`` (and what Keras' ``load_img`` does), as uint8."""
+    from PIL import Image
+
+    with open(path, "rb") as f:
+        return np.array(Image.open(f).convert("RGB"))
+
+
+class H5Rows:
+    """An h5py file opened lazily, once per process (a handle must not cross a fork): what the
+    h5py docs and forum answers tell torch / Keras users to write."""
+
+    def __init__(self, path: str):
+        self.path, self._pid, self._handles = path, None, None
+
+    def datasets(self):
+        if self._pid != os.getpid():
+            import h5py
+
+            f = h5py.File(self.path, "r")
+            self._handles, self._pid = (f, f["/images"], f["/labels"]), os.getpid()
+        return self._handles[1], self._handles[2]
+
+    def close(self) -> None:
+        if self._pid is not None and self._pid == os.getpid():
+            self._handles[0].close()
+        self._pid = self._handles = None
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "_pid": None, "_handles": None}
+
+
+# -- steadyfeed ---------------------------------------------------------------------------
+def steadyfeed_source(ds: Dataset, path: str, cache: bool = False):
+    if ds.key == "npy":
+        return steadyfeed.NpyPairs(os.path.join(path, "inputs"), os.path.join(path, "labels"))
+    if ds.key == "hdf5":
+        from steadyfeed.sources.hdf5 import Hdf5Source
+
+        return Hdf5Source(path, x="/images", y="/labels")
+    source = steadyfeed.ImageFolder(path)
+    if cache:  # budget: twice the decoded size (the cache refuses a dataset that does not fit)
+        return steadyfeed.MemoryCache(source, max_bytes=2 * len(source) * JPEG_SIDE * JPEG_SIDE * 3)
+    return source
+
+
+@contextmanager
+def steadyfeed_epochs(ds: Dataset, path: str, n: int, workers: int, mode: str, shuffle: bool = False,
+                      cache: bool = False) -> Iterator[EpochFn]:
+    source = steadyfeed_source(ds, path, cache)
+    with steadyfeed.Loader(source, BATCH, shuffle=shuffle, seed=SEED, workers=workers, mode=mode) as loader:
+        yield checked_epoch(ds, n, lambda e: ((b["x"], b["y"]) for b in loader.epoch(e)))
+
+
+# -- Keras PyDataset ----------------------------------------------------------------------
+@functools.cache
+def keras_dataset_class():
+    import keras
+
+    class FileBatches(keras.utils.PyDataset):
+        """A PyDataset builds whole batches: ``__getitem__(i)`` reads batch i.
+
+        npy: ``np.load`` each file of the batch and stack (np.load is the documented reader).
+        hdf5: one slice read per batch, ``images[lo:hi]``, ``labels[lo:hi]``, from a file
+              opened lazily per process (the fastest thing h5py offers short of a bulk read).
+        jpeg: PIL decode of each file (what ``keras.utils.load_img`` does, minus its float32
+              conversion, so every loader delivers the same uint8 arrays), stacked.
+        """
+
+        def __init__(self, kind: str, path: str, n: int, **kwargs):
+            super().__init__(**kwargs)
+            self.kind, self.n = kind, n
+            if kind == "npy":
+                self.xs, self.ys = npy_files(path)
+            elif kind == "hdf5":
+                self.h5 = H5Rows(path)
+            else:
+                self.paths, self.labels = jpeg_files(path)
+
+        def __len__(self) -> int:
+            return math.ceil(self.n / BATCH)
+
+        def __getitem__(self, index: int):
+            lo, hi = index * BATCH, min((index + 1) * BATCH, self.n)
+            if self.kind == "npy":
+                return (np.stack([np.load(p) for p in self.xs[lo:hi]]),
+                        np.stack([np.load(p) for p in self.ys[lo:hi]]))
+            if self.kind == "hdf5":
+                images, labels = self.h5.datasets()
+                return images[lo:hi], labels[lo:hi]
+            return np.stack([pil_rgb(p) for p in self.paths[lo:hi]]), self.labels[lo:hi]
+
+        def close(self) -> None:
+            if self.kind == "hdf5":
+                self.h5.close()
+
+    return FileBatches
+
+
+@contextmanager
+def keras_epochs(ds: Dataset, path: str, n: int, workers: int, use_multiprocessing: bool) -> Iterator[EpochFn]:
+    # Iterated as `fit` does, pool start and stop included: see _common.keras_adapter.
+    dataset = keras_dataset_class()(ds.key, path, n, workers=workers, use_multiprocessing=use_multiprocessing)
+    try:
+        with keras_adapter(dataset) as adapter:
+            yield checked_epoch(ds, n, lambda e: keras_batches(adapter))
+    finally:
+        dataset.close()
+
+
+# -- torch DataLoader ---------------------------------------------------------------------
+class TorchSamples:
+    """Map-style dataset, one sample per ``__getitem__``, default collate (to tensors).
+
+    npy: ``np.load`` the pair. hdf5: ``images[i]``, ``labels[i]`` from a file opened lazily in
+    each worker (the pattern torch users are pointed to). jpeg: torchvision's ``pil_loader``.
+    """
+
+    def __init__(self, kind: str, path: str):
+        self.kind = kind
+        if kind == "npy":
+            self.xs, self.ys = npy_files(path)
+        elif kind == "hdf5":
+            self.h5 = H5Rows(path)
+            import h5py
+
+            with h5py.File(path, "r") as f:
+                self.n = len(f["/labels"])
+        else:
+            self.paths, self.labels = jpeg_files(path)
+
+    def __len__(self) -> int:
+        return self.n if self.kind == "hdf5" else len(self.xs if self.kind == "npy" else self.paths)
+
+    def __getitem__(self, i: int):
+        if self.kind == "npy":
+            return np.load(self.xs[i]), np.load(self.ys[i])
+        if self.kind == "hdf5":
+            images, labels = self.h5.datasets()
+            return images[i], labels[i]
+        return pil_rgb(self.paths[i]), self.labels[i]
+
+
+@contextmanager
+def torch_epochs(ds: Dataset, path: str, n: int, workers: int) -> Iterator[EpochFn]:
+    import torch
+    from torch.utils.data import DataLoader
+
+    samples = TorchSamples(ds.key, path)
+    # persistent workers: started in the warm-up epoch, not timed again (torch's fastest setting)
+    loader = DataLoader(samples, batch_size=BATCH, num_workers=workers, persistent_workers=workers > 0)
+    # One intra-op thread while torch's epoch runs, as torch sets in its own workers: with the
+    # default (one per core) the main process's collate (torch.stack) spins its OpenMP threads
+    # against the loaded cores, and num_workers=0 measured 3-14x slower on JPEG here. The
+    # faster choice for the peer, so it is the one timed.
+    def batches(e: int):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            yield from loader
+        finally:
+            torch.set_num_threads(threads)
+
+    try:
+        yield checked_epoch(ds, n, batches)
+    finally:
+        del loader  # the persistent workers shut down once the epoch function holding it is dropped too
+        if ds.key == "hdf5":
+            samples.h5.close()
+
+
+# -- tf.data ------------------------------------------------------------------------------
+@functools.cache
+def tf_module():
+    """TensorFlow, imported with its logs silenced: TF_CPP_MIN_LOG_LEVEL=2 (set at the top of
+    this file) stops the runtime's INFO and WARNING lines, but TF 2.21 still writes two oneDNN
+    notices to stderr while importing, before its log settings apply; they are dropped here by
+    pointing file descriptor 2 at /dev/null for the import only (exceptions still propagate)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow as tf
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+    return tf
+
+
+def tf_dataset(ds: Dataset, path: str, n: int, variant: str, h5: H5Rows):
+    tf = tf_module()
+    auto = tf.data.AUTOTUNE
+    if ds.key == "npy":
+        # tf has no .npy reader: np.load inside tf.numpy_function, mapped in parallel (AUTOTUNE),
+        # shapes restored after the py-function, then batch and prefetch.
+        def load_pair(xp, yp):
+            return np.load(xp.decode()), np.load(yp.decode())
+
+        def load(xp, yp):
+            x, y = tf.numpy_function(load_pair, [xp, yp], (tf.float32, tf.float32))
+            x.set_shape(NPY_SHAPE)
+            y.set_shape((1,))
+            return x, y
+
+        return (tf.data.Dataset.from_tensor_slices(npy_files(path)).map(load, num_parallel_calls=auto)
+                .batch(BATCH).prefetch(auto))
+    if ds.key == "hdf5" and variant == "generator":
+        # The textbook pattern: a Python generator over h5py rows, from_generator, batch, prefetch.
+        # A generator cannot be mapped in parallel: rows come one by one through the GIL.
+        def rows():
+            import h5py
+
+            with h5py.File(path, "r") as f:
+                images, labels = f["/images"], f["/labels"]
+                for i in range(len(labels)):
+                    yield images[i], labels[i]
+
+        signature = (tf.TensorSpec(HDF5_SHAPE, tf.uint8), tf.TensorSpec((), tf.int64))
+        return tf.data.Dataset.from_generator(rows, output_signature=signature).batch(BATCH).prefetch(auto)
+    if ds.key == "hdf5":
+        # The faster pattern: batch indices mapped (AUTOTUNE) through tf.numpy_function reading one
+        # slice per batch from a file opened once (h5py is thread-safe, it serializes calls).
+        def read_batch(b):
+            images, labels = h5.datasets()
+            lo, hi = int(b) * BATCH, min((int(b) + 1) * BATCH, n)
+            return images[lo:hi], labels[lo:hi]
+
+        def load(b):
+            x, y = tf.numpy_function(read_batch, [b], (tf.uint8, tf.int64))
+            x.set_shape((None, *HDF5_SHAPE))
+            y.set_shape((None,))
+            return x, y
+
+        return tf.data.Dataset.range(math.ceil(n / BATCH)).map(load, num_parallel_calls=auto).prefetch(auto)
+    # jpeg: the tf.data tutorial's pipeline: read_file + decode_jpeg mapped with AUTOTUNE,
+    # batch, prefetch. Labels listed from the class folders like image_dataset_from_directory.
+    def decode(p, label):
+        return tf.io.decode_jpeg(tf.io.read_file(p), channels=3), label
+
+    paths, labels = jpeg_files(path)
+    return (tf.data.Dataset.from_tensor_slices((paths, labels)).map(decode, num_parallel_calls=auto)
+            .batch(BATCH).prefetch(auto))
+
+
+@contextmanager
+def tf_epochs(ds: Dataset, path: str, n: int, variant: str = "") -> Iterator[EpochFn]:
+    h5 = H5Rows(path)  # used by the numpy_function HDF5 variant only
+    dataset = tf_dataset(ds, path, n, variant, h5)
+    try:
+        # a fresh iterator per epoch, as Keras' TF adapter does; as_numpy_iterator yields numpy
+        yield checked_epoch(ds, n, lambda e: dataset.as_numpy_iterator())
+    finally:
+        h5.close()
+
+
+# -- h5py references (not peers: lower / upper marks for the HDF5 targets) ----------------
+@contextmanager
+def h5py_bulk_epochs(ds: Dataset, path: str, n: int) -> Iterator[EpochFn]:
+    import h5py
+
+    def epoch(e: int) -> bool:  # open, read both datasets whole, close: the fastest h5py can go
+        with h5py.File(path, "r") as f:
+            x, y = f["/images"][:], f["/labels"][:]
+        cov = Coverage(ds, n)
+        cov.add(x, y)
+        return cov.ok()
+
+    yield epoch
+
+
+@contextmanager
+def h5py_loop_epochs(ds: Dataset, path: str, n: int) -> Iterator[EpochFn]:
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        images, label_ds = f["/images"], f["/labels"]
+
+        def batches(e: int):
+            # a shuffled epoch the plain way: one h5py read per image (`for i in perm: images[i]`),
+            # labels read whole (they are small), rows stacked into batches of 32
+            perm = np.random.default_rng((SEED, e)).permutation(n)
+            labels = label_ds[:]
+            for lo in range(0, n, BATCH):
+                ids = perm[lo:lo + BATCH]
+                yield np.stack([images[i] for i in ids]), labels[ids]
+
+        yield checked_epoch(ds, n, batches)
+
+
+# -- the settings per dataset -------------------------------------------------------------
+# (family, label, runner, keyword arguments), in table order; each round runs them in this
+# order. Interleaved datasets build every loader first, tf.data's too (which imports
+# TensorFlow), so Keras process pools and torch workers fork a process that has loaded
+# TensorFlow: fine, since the forked workers run only numpy, h5py and PIL.
+STEADYFEED = (
+    ("steadyfeed", "w0", steadyfeed_epochs, dict(workers=0, mode="thread")),
+    ("steadyfeed", "thread w2", steadyfeed_epochs, dict(workers=2, mode="thread")),
+    ("steadyfeed", "process w2", steadyfeed_epochs, dict(workers=2, mode="process")),
+)
+PEERS = (
+    ("keras", "PyDataset w1", keras_epochs, dict(workers=1, use_multiprocessing=False)),
+    ("keras", "PyDataset w2 threads", keras_epochs, dict(workers=2, use_multiprocessing=False)),
+    ("keras", "PyDataset w2 processes", keras_epochs, dict(workers=2, use_multiprocessing=True)),
+    ("torch", "DataLoader w0", torch_epochs, dict(workers=0)),
+    ("torch", "DataLoader w2 persistent", torch_epochs, dict(workers=2)),
+)
+TF_DATA = ("tf.data", "map AUTOTUNE + prefetch", tf_epochs, {})
+
+CACHED = (  # JPEG only: ImageFolder through a fresh MemoryCache; the warm-up epoch fills it and is reported
+    ("steadyfeed", "MemoryCache w0", steadyfeed_epochs, dict(workers=0, mode="thread", cache=True)),
+    ("steadyfeed", "MemoryCache thread w2", steadyfeed_epochs, dict(workers=2, mode="thread", cache=True)),
+)
+
+
+def settings(key: str) -> list[tuple]:
+    if key == "npy":
+        return [*STEADYFEED, *PEERS, TF_DATA]
+    if key == "hdf5":
+        in_order = [(f, s + " in order", r, kw) for f, s, r, kw in STEADYFEED]
+        shuffled = [(f, s + " shuffled", r, {**kw, "shuffle": True}) for f, s, r, kw in STEADYFEED]
+        return [*in_order, *shuffled,
+                ("h5py", "bulk read f[...][:] (reference)", h5py_bulk_epochs, {}),
+                ("h5py", "per-sample loop, shuffled (reference)", h5py_loop_epochs, {}),
+                *PEERS,
+                ("tf.data", "from_generator (h5py rows)", tf_epochs, dict(variant="generator")),
+                ("tf.data", "numpy_function slices, map AUTOTUNE", tf_epochs, dict(variant="slices"))]
+    return [*STEADYFEED, *CACHED, *PEERS, TF_DATA]
+
+
+def run_all(key: str, ds: Dataset, path: str, n: int, epochs: int) -> list[Result]:
+    """Every setting of one dataset. Interleaved (see _common.time_interleaved): all loaders
+    are built, each runs a warm-up epoch, then every round times one epoch of each. HDF5 runs
+    one loader at a time instead (built, warmed up, timed, closed before the next is built):
+    HDF5 shares one open file, and each dataset's chunk cache, among all the handles of a
+    process, so loaders open at once would run under whichever cache setting opened first
+    (measured: Hdf5Source's shuffled reads and the bulk read 4-10x slower)."""
+    chosen = settings(key)
+    if ds.interleave:
+        with ExitStack() as stack:
+            fns = [stack.enter_context(runner(ds, path, n, **kwargs)) for _, _, runner, kwargs in chosen]
+            timings = time_interleaved(fns, epochs)
+    else:
+        timings = []
+        for _, _, runner, kwargs in chosen:
+            with runner(ds, path, n, **kwargs) as fn:
+                timings += time_interleaved([fn], epochs)
+    results = []
+    for (family, label, _, kwargs), (covered, warm, seconds) in zip(chosen, timings):
+        peer = family in ("keras", "torch", "tf.data")
+        if kwargs.get("cache"):  # a cached loader's warm-up is the epoch that fills the cache
+            results.append(Result(family, f"{label}, epoch 1 (fills)", n, warm, covered, peer=False))
+            label = f"{label}, epoch 2+ (cached)"
+        results.append(Result(family, label, n, seconds, covered, peer=peer))
+    return results
+
+
+def by_label(results: list[Result]) -> dict[str, Result]:
+    return {r.label: r for r in results}
+
+
+def verdict(name: str, ratio: float, target: float) -> tuple[str, bool | None]:
+    """A target line and whether it is met (None marks a line that is reported, not a target)."""
+    met = ratio >= target
+    return f"{name}: {ratio:.2f}x (target >= {target:g}x: {'met' if met else 'MISSED'})", met
+
+
+def targets(key: str, results: list[Result]) -> list[tuple[str, bool | None]]:
+    r = by_label(results)
+    ours = [x for x in results if x.family == "steadyfeed" and "MemoryCache" not in x.setting]
+    peer = max((x for x in results if x.is_peer), key=lambda x: x.rate)
+    if key == "npy":
+        mine = max(ours, key=lambda x: x.rate)
+        return [verdict(f"npy: steadyfeed best ({mine.setting}) / peer best ({peer.label})",
+                        mine.rate / peer.rate, 3.0)]
+    if key == "hdf5":
+        bulk = r["h5py bulk read f[...][:] (reference)"]
+        loop = r["h5py per-sample loop, shuffled (reference)"]
+        in_order = max((x for x in ours if x.setting.endswith("in order")), key=lambda x: x.rate)
+        shuffled = [x for x in ours if x.setting.endswith("shuffled")]
+        slowest_shuffled = min(shuffled, key=lambda x: x.rate)
+        lines = [verdict(f"hdf5: steadyfeed best in order ({in_order.setting}) / h5py bulk read",
+                         in_order.rate / bulk.rate, 0.9)]
+        for order in ("in order", "shuffled"):
+            off = r[f"steadyfeed w0 {order}"]
+            for mode in ("thread", "process"):
+                on = r[f"steadyfeed {mode} w2 {order}"]
+                lines.append(verdict(f"hdf5 {order}: steadyfeed {mode} w2 / workers off (w0)", on.rate / off.rate, 1.0))
+        lines.append(verdict(f"hdf5: steadyfeed slowest shuffled ({slowest_shuffled.setting}) / h5py per-sample "
+                             "loop", slowest_shuffled.rate / loop.rate, 1.0))
+        return lines
+    tf = r["tf.data map AUTOTUNE + prefetch"]
+    lines = [verdict("jpeg: steadyfeed ImageFolder thread w2 / tf.data decode_jpeg AUTOTUNE",
+                     r["steadyfeed thread w2"].rate / tf.rate, 1.2)]
+    for label in ("thread w2", "w0"):  # the target is set on thread workers; w0 is reported
+        plain, cached = r[f"steadyfeed {label}"], r[f"steadyfeed MemoryCache {label}, epoch 2+ (cached)"]
+        fill = r[f"steadyfeed MemoryCache {label}, epoch 1 (fills)"]
+        ratio = cached.rate / plain.rate
+        if label == "thread w2":
+            lines.append(verdict(f"jpeg: MemoryCache {label} epoch 2+ (cached) / ImageFolder {label} (uncached)",
+                                 ratio, CACHE_TARGET))
+        else:
+            lines.append((f"jpeg: MemoryCache {label} epoch 2+ (cached) / ImageFolder {label} (uncached): "
+                          f"{ratio:.2f}x (reported)", None))
+        lines.append((f"jpeg: MemoryCache {label} epoch 1 (fills) / ImageFolder {label} (uncached): "
+                      f"{fill.rate / plain.rate:.2f}x (reported)", None))
+    return lines
+
+
+@contextmanager
+def data_directory(data: str | None) -> Iterator[str]:
+    """``data`` (created if needed, kept afterwards), or a temporary directory removed on exit."""
+    if data is not None:
+        os.makedirs(data, exist_ok=True)
+        yield data
+        return
+    with tempfile.TemporaryDirectory(prefix="steadyfeed-bench-sources-") as tmp:
+        yield tmp
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller datasets, for a smoke run")
+    parser.add_argument("--markdown", action="store_true", help="print markdown tables")
+    parser.add_argument("--epochs", type=int, default=1,
+                        help="timed epochs (rounds) per setting, HDF5 3x as many; reports the median")
+    parser.add_argument("--only", default="npy,hdf5,jpeg", help="comma-separated datasets: npy, hdf5, jpeg")
+    parser.add_argument("--data", help="directory to generate the datasets in, or reuse them from (default: a "
+                        "temporary directory, removed afterwards)")
+    args = parser.parse_args()
+    keys = [k.strip() for k in args.only.split(",") if k.strip()]
+    unknown = sorted(set(keys) - set(DATASETS))
+    if unknown:
+        parser.error(f"--only: unknown dataset(s) {', '.join(unknown)}; choose from {', '.join(DATASETS)}")
+
+    print(run_line(args.markdown, "tensorflow-cpu", "h5py", "pillow", "simplejpeg"), flush=True)
+    summary: list[tuple[str, bool | None]] = []
+    with data_directory(args.data) as data_dir:
+        for key in keys:
+            ds = DATASETS[key]
+            n = ds.quick_samples if args.quick else ds.samples
+            path = prepare(ds, data_dir, n)
+            epochs = args.epochs * ds.epoch_scale
+            results = run_all(key, ds, path, n, epochs)
+            timed = "1 timed epoch" if epochs == 1 else f"median of {epochs} timed epochs"
+            print(heading(f"{key}: {n:,} samples, {ds.describe}, batch {BATCH}, {timed}", args.markdown))
+            print(table(results, args.markdown))
+            lines = targets(key, results)
+            summary += lines + [(line, False) for line in coverage_failures(results)]
+            print()
+            print(bullets([line for line, _ in lines] + coverage_failures(results), args.markdown),
+                  flush=True)
+    checked = [ok for _, ok in summary if ok is not None]
+    print(heading(f"Targets: {sum(checked)} of {len(checked)} met", args.markdown))
+    print(bullets([line for line, ok in summary if ok is not None], args.markdown))
+
+
+if __name__ == "__main__":
+    main()
