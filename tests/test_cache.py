@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from steadyfeed import DataError, Loader, SampleError
+from steadyfeed import ArraySource, DataError, Loader, SampleError
 from steadyfeed.sources.base import fingerprint, locate
 from steadyfeed.sources import cache as cache_module
 from steadyfeed.sources.cache import DiskCache, MemoryCache
@@ -306,3 +306,17 @@ def test_a_cache_refuses_python_objects_and_sources_without_extras_stay_without(
     assert fingerprint(plain) is None and locate(plain, 1) is not None
     with pytest.raises(TypeError, match="dtype object"):
         MemoryCache([{"x": [1, "a", None]}], 1 << 10)
+
+
+def test_memory_cache_pickles_without_its_contents_and_reads_batches():
+    import pickle
+
+    src = ArraySource(x=np.arange(100 * 50, dtype=np.float64).reshape(100, 50))
+    cache = MemoryCache(src, 10**7)
+    for i in range(100):
+        cache[i]
+    assert len(pickle.dumps(cache)) - len(pickle.dumps(src)) < 2000  # 40 KB of cached rows stay home
+    batch = cache.read_batch([7, 3, 7])
+    np.testing.assert_array_equal(batch["x"], src.arrays["x"][[7, 3, 7]])
+    batch["x"][...] = -1  # fresh arrays: writing to them leaves the cache intact
+    np.testing.assert_array_equal(cache[7]["x"], src.arrays["x"][7])
