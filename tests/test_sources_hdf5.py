@@ -259,3 +259,30 @@ def test_swmr_reads_a_file_still_being_written(tmp_path, no_leaks):
         grown.close()
         writer.stdin.close()
         assert writer.wait(10) == 0
+
+
+def test_uncompressed_rows_are_read_by_file_offset_and_match_h5py(tmp_path, no_leaks):
+    """Contiguous and whole-row-chunked datasets bypass h5py's lock; the rest go through HDF5."""
+    path = tmp_path / "layouts.h5"
+    rows = np.arange(101 * 6, dtype=">f4").reshape(101, 2, 3)  # big-endian on disk survives the raw path
+    with h5py.File(path, "w") as f:
+        f.create_dataset("contiguous", data=rows)
+        f.create_dataset("chunked", data=rows.astype("<i8"), chunks=(8, 2, 3))
+        f.create_dataset("gzip", data=rows, chunks=(8, 2, 3), compression="gzip")
+        f.create_dataset("part_rows", data=rows, chunks=(8, 1, 3))  # chunks split rows: not raw
+        sparse = f.create_dataset("sparse", shape=rows.shape, dtype="f4", chunks=(8, 2, 3))
+        sparse[:8] = rows[:8]  # unwritten chunks hold the fill value: HDF5 must serve them
+    keys = {name: f"/{name}" for name in ("contiguous", "chunked", "gzip", "part_rows", "sparse")}
+    src = Hdf5Source(path, **keys)
+    ids = np.array([100, 3, 7, 8, 9, 64, 3, 0])
+    batch = src.read_batch(ids)
+    assert sorted(src._handles.get().raw) == ["chunked", "contiguous"]
+    with h5py.File(path, "r") as f:
+        for name in keys:
+            expected = np.stack([f[name][int(i)] for i in ids])
+            np.testing.assert_array_equal(batch[name], expected)
+            assert batch[name].dtype == f[name].dtype
+    src.close()
+    with Loader(src, 16, shuffle=True, workers=2, with_ids=True) as loader:
+        for b in loader:
+            np.testing.assert_array_equal(b["contiguous"], rows[b["id"]])
