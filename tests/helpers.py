@@ -125,3 +125,24 @@ class BigSource:
 
     def __getitem__(self, i):
         return {"x": np.full(self.width, float(i))}
+
+
+def errors_in_threads(fn, count: int) -> list:
+    """Run ``fn(k)`` for k in range(count) on as many threads at once; the exceptions they raised
+    (an assertion inside a thread would otherwise be lost)."""
+    import threading
+
+    errors = []
+
+    def guarded(k):
+        try:
+            fn(k)
+        except Exception as exc:  # noqa: BLE001 - handed back to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(k,)) for k in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return errors

@@ -3,7 +3,6 @@ import pickle
 import subprocess
 import sys
 import textwrap
-import threading
 
 import h5py
 import numpy as np
@@ -14,7 +13,7 @@ from steadyfeed import DataError, Loader, SampleError
 from steadyfeed.sources import hdf5
 from steadyfeed.sources.hdf5 import Hdf5Source
 
-from helpers import assert_paired, label_of
+from helpers import assert_paired, errors_in_threads, label_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,23 +84,15 @@ def test_read_many_returns_per_sample_rows_for_shuffled_ids_with_repeats(tmp_pat
 def test_concurrent_reads_from_threads_share_one_file_correctly(paired_file):
     src = Hdf5Source(paired_file, x="/images", y="/meta/labels")
     expected_x, _ = paired_rows(0, 300)
-    errors = []
 
     def reader(seed):
         rng = np.random.default_rng(seed)
-        try:
-            for _ in range(40):
-                ids = rng.integers(0, 300, 16)
-                got = np.stack([s["x"] for s in src.read_many(ids)])
-                np.testing.assert_array_equal(got, expected_x[ids])
-        except Exception as exc:  # reported below: an assertion in a thread would be lost
-            errors.append(exc)
+        for _ in range(40):
+            ids = rng.integers(0, 300, 16)
+            got = np.stack([s["x"] for s in src.read_many(ids)])
+            np.testing.assert_array_equal(got, expected_x[ids])
 
-    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = errors_in_threads(reader, 4)
     src.close()
     assert errors == []
 

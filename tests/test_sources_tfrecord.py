@@ -4,7 +4,6 @@ import os
 import pickle
 import struct
 import sys
-import threading
 import tracemalloc
 
 import numpy as np
@@ -18,7 +17,7 @@ from steadyfeed.sources.tfrecord import (
     FeatureSpec, RecordWriter, TFRecordSource, example_classes, masked_crc, read_record, scan,
 )
 
-from helpers import assert_paired, epoch_digest, paired_source
+from helpers import assert_paired, epoch_digest, errors_in_threads, paired_source
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -220,20 +219,13 @@ def test_loader_delivers_each_record_once_and_paired(packed, workers, mode, no_l
 
 
 def test_threads_share_one_source(packed):
-    src, errors = TFRecordSource(packed), []
+    src = TFRecordSource(packed)
 
     def read(seed):
-        try:
-            for i in np.random.default_rng(seed).integers(0, N, 200):
-                np.testing.assert_array_equal(src[int(i)]["x"], paired_source(N)[int(i)]["x"])
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        for i in np.random.default_rng(seed).integers(0, N, 200):
+            np.testing.assert_array_equal(src[int(i)]["x"], paired_source(N)[int(i)]["x"])
 
-    threads = [threading.Thread(target=read, args=(seed,)) for seed in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = errors_in_threads(read, 8)
     src.close()
     assert errors == []
 
