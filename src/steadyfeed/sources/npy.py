@@ -67,7 +67,7 @@ def _header(fd: int, size: int) -> bytes:
     return head[:end] if end <= len(head) else head + os.pread(fd, end - len(head), len(head))
 
 
-def _layout(fd: int, path: str) -> _Layout:
+def npy_layout(fd: int, path: str) -> _Layout:
     """The checked layout of the open .npy file ``path``: readable without pickles and exactly
     as long as its header says."""
     size = os.fstat(fd).st_size
@@ -105,7 +105,7 @@ def _read_stack(paths: list[str]) -> np.ndarray:
     for row, path in enumerate(paths):
         fd = os.open(path, os.O_RDONLY)
         try:
-            layout = _layout(fd, path)
+            layout = npy_layout(fd, path)
             if first is None:
                 if layout.order == "F" and len(layout.shape) > 1:
                     raise ValueError(f"{path}: Fortran order: read one by one")
@@ -125,7 +125,7 @@ def read_npy(path: str) -> np.ndarray:
     malformed, truncated or object (pickled) file. Safe to call from many threads at once."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        layout = _layout(fd, path)
+        layout = npy_layout(fd, path)
         out = np.empty(layout.shape, layout.dtype, order=layout.order)
         if layout.nbytes:
             _read_into(fd, out, layout.offset, path)
@@ -215,7 +215,7 @@ def _checked_mapping(path: str) -> MappedFile:
     """How to map ``path`` read-only, from its checked header (object arrays and 0-d arrays refused)."""
     fd = os.open(path, os.O_RDONLY)  # FileNotFoundError names the path
     try:
-        layout = _layout(fd, path)
+        layout = npy_layout(fd, path)
     finally:
         os.close(fd)
     if not layout.shape:

@@ -225,7 +225,7 @@ def _probe_npy(path: str, info: FileInfo, decode: bool, checks: Sequence[str]) -
 
     fd = os.open(path, os.O_RDONLY)
     try:
-        layout = npy._layout(fd, path)  # the header, checked against the file size; no data read
+        layout = npy.npy_layout(fd, path)  # the header, checked against the file size; no data read
     finally:
         os.close(fd)
     info.format, info.shapes["npy"] = "npy", shape_text(layout.shape, layout.dtype)

@@ -146,9 +146,10 @@ def add_spec_arguments(parser: argparse.ArgumentParser, *, metavar: str = "SPEC"
     shortcuts.add_argument("--channels", type=int, choices=(1, 3, 4), default=3, help="--images: channels (default 3)")
 
     flags = parser.add_argument_group("loader options (override a returned Loader's)")
-    for name, kwargs in LOADER_FLAGS.items():
-        if name not in exclude:
-            flags.add_argument(_flag(name), dest=name, default=None, **kwargs)
+    added = tuple(name for name in LOADER_FLAGS if name not in exclude)
+    for name in added:
+        flags.add_argument(_flag(name), dest=name, default=None, **LOADER_FLAGS[name])
+    parser.set_defaults(loader_flags=added)  # loader_options reads these only: a command may reuse a name
 
 
 def _flag(dest: str) -> str:
@@ -195,7 +196,8 @@ def loader_options(args: argparse.Namespace | None) -> dict:
     """The Loader keywords given on the command line (flags left at None are not given)."""
     if args is None:
         return {}
-    return {name: getattr(args, name) for name in LOADER_FLAGS if getattr(args, name, None) is not None}
+    names = getattr(args, "loader_flags", tuple(LOADER_FLAGS))
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
 def as_loader(obj: Any, options: dict, what: str) -> Loader:
