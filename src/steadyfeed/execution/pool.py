@@ -122,8 +122,9 @@ class _WorkerPool:
 
     def shutdown(self) -> None:
         workers, self.workers = list(self.workers.values()), {}
-        for worker in workers:
-            worker.abandon() if worker.kind == "thread" else None
+        for worker in workers:  # tell every thread first, so they stop in parallel
+            if worker.kind == "thread":
+                worker.abandon()
         for worker in workers:
             worker.stop()
             self._after_stop(worker)

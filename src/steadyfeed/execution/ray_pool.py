@@ -43,7 +43,7 @@ from . import shm
 from .batch import run_batch
 from .pool import TASKS_PER_WORKER, Done, Lost
 from .task import BatchResult, BatchTask, StatusSlot, WorkContext
-from .workers import _picklable
+from .workers import portable
 
 STATUS_SECONDS = 0.05  # how stale the consumer's view of an actor's position may get
 POLL_SECONDS = 0.1  # longest single wait, so status polls and timeouts keep running
@@ -71,10 +71,7 @@ class BatchActor:
         self.slot = StatusSlot(cells)  # marks the slot attached (task id -1: idle)
 
     def run(self, task: BatchTask) -> BatchResult:
-        result = run_batch(task, self.ctx, self.slot)
-        for failure in result.failures:  # an exception that cannot travel becomes a RemoteError
-            failure.exception = _picklable(failure.exception)
-        return result
+        return portable(run_batch(task, self.ctx, self.slot))
 
     @ray.method(concurrency_group="status")
     def status(self):

@@ -20,7 +20,7 @@ from ..errors import RemoteError
 from ..sources.base import close_source
 from . import shm
 from .batch import run_batch
-from .task import BatchTask, StatusSlot, WorkContext
+from .task import BatchResult, BatchTask, StatusSlot, WorkContext
 
 JOIN_SECONDS = 2.0
 
@@ -85,14 +85,20 @@ def _process_main(conn, status_name: str, ctx: WorkContext) -> None:
             allocate = slots.allocator(task.shm_name)
             result = run_batch(task, ctx, status, allocate=allocate)
             result.layout, result.arrays = (allocate.layout if result.arrays is not None else None), None
-            for failure in result.failures:
-                failure.exception = _picklable(failure.exception)
-            conn.send(result)
+            conn.send(portable(result))
     finally:
         del status
         status_segment.close()
         slots.close()
         close_source(ctx.source)
+
+
+def portable(result: BatchResult) -> BatchResult:
+    """``result`` ready to leave its process: an exception that cannot be pickled back to the
+    consumer becomes a RemoteError carrying its type and message."""
+    for failure in result.failures:
+        failure.exception = _picklable(failure.exception)
+    return result
 
 
 def _picklable(exc: BaseException | None) -> BaseException | None:
