@@ -1,13 +1,16 @@
 """Hdf5Source: named datasets of one HDF5 file, checked at construction, read lazily per process."""
+import os
 import pickle
 import subprocess
 import sys
 import textwrap
+from unittest import mock
 
 import h5py
 import numpy as np
 import psutil
 import pytest
+from hypothesis import example, given, settings, strategies as st
 
 from steadyfeed import DataError, Loader, SampleError
 from steadyfeed.sources import hdf5
@@ -277,3 +280,143 @@ def test_uncompressed_rows_are_read_by_file_offset_and_match_h5py(tmp_path, no_l
     with Loader(src, 16, shuffle=True, workers=2, with_ids=True) as loader:
         for b in loader:
             np.testing.assert_array_equal(b["contiguous"], rows[b["id"]])
+
+
+# -- reads by file offset: every raw layout, bit for bit ---------------------------------------
+
+N_RAW = 203  # not a multiple of any chunk size below: every chunked dataset ends in a partial chunk
+
+
+def _write_chunks(datasets: dict, data: dict, order) -> None:
+    """Chunk by chunk, chunk ``k`` of every dataset in turn, in ``order``: HDF5 allocates file
+    space as chunks are written, so this sets where each chunk lies in the file."""
+    for k in order:
+        for name, ds in datasets.items():
+            rows = slice(k * ds.chunks[0], (k + 1) * ds.chunks[0])
+            ds[rows] = data[name][rows]
+
+
+@pytest.fixture(scope="module")
+def raw_layouts(tmp_path_factory):
+    """A source over one file holding a dataset of every raw-readable layout, and their rows as h5py reads them."""
+    path = tmp_path_factory.mktemp("raw") / "raw.h5"
+    rng = np.random.default_rng(11)
+    data = {
+        "contiguous": rng.standard_normal((N_RAW, 5, 3)).astype(">f4"),  # big-endian on disk
+        "images": rng.integers(0, 256, (N_RAW, 64, 64, 3), dtype=np.uint8),  # 12 KB rows, in-order chunks
+        "labels": rng.integers(-2**62, 2**62, N_RAW, dtype=np.int64),  # 8-byte scalar rows, contiguous
+        "chunked_labels": rng.integers(-2**62, 2**62, N_RAW, dtype=np.int64),
+        "reversed": rng.integers(-2**15, 2**15, (N_RAW, 7), dtype=np.int16),
+        "interleaved_a": rng.integers(0, 2**32, (N_RAW, 3), dtype=np.uint32),
+        "interleaved_b": rng.standard_normal((N_RAW, 3)),
+    }
+    with h5py.File(path, "w", rdcc_nbytes=0) as f:  # no chunk cache: chunks reach the file as written
+        f.create_dataset("contiguous", data=data["contiguous"])
+        f.create_dataset("images", data=data["images"], chunks=(32, 64, 64, 3))
+        f.create_dataset("labels", data=data["labels"])
+        f.create_dataset("chunked_labels", data=data["chunked_labels"], chunks=(16,))
+        rev = f.create_dataset("reversed", (N_RAW, 7), np.int16, chunks=(8, 7))
+        _write_chunks({"reversed": rev}, data, reversed(range(-(-N_RAW // 8))))
+        pair = {name: f.create_dataset(name, (N_RAW, 3), data[name].dtype, chunks=(8, 3))
+                for name in ("interleaved_a", "interleaved_b")}
+        _write_chunks(pair, data, range(-(-N_RAW // 8)))
+    with h5py.File(path, "r") as f:
+        read = {name: f[name][()] for name in data}  # the reference: what h5py reads
+    assert_bit_exact(read, data)
+    src = Hdf5Source(path, **{name: f"/{name}" for name in data})
+    raw = src._handles.get().raw  # the layouts these tests claim to cover are the ones written
+    assert sorted(raw) == sorted(data)
+    assert raw["contiguous"].rows_per_chunk == N_RAW and len(raw["contiguous"].offsets) == 1
+    assert (np.diff(raw["reversed"].offsets) < 0).all()  # chunks lie in the file last to first
+    for name in ("reversed", "interleaved_a", "interleaved_b"):  # no two chunks adjacent in row order
+        assert len(np.unique(raw[name].extents)) == len(raw[name].offsets) > 1
+    assert all(N_RAW % raw[name].rows_per_chunk for name in data if name not in ("contiguous", "labels"))
+    yield src, path, read
+    src.close()
+
+
+def assert_bit_exact(batch: dict, expected: dict) -> None:
+    assert sorted(batch) == sorted(expected)
+    for name, rows in expected.items():
+        assert batch[name].dtype == rows.dtype and batch[name].shape == rows.shape, name
+        assert batch[name].tobytes() == rows.tobytes(), name
+
+
+def ids_with_runs():
+    """Shuffled ids: single ids and runs of consecutive ones (often across chunk boundaries),
+    overlapping at times, so repeats come too."""
+    run = st.builds(lambda start, n: list(range(start, min(start + n, N_RAW))), st.integers(0, N_RAW - 1),
+                    st.integers(1, 70))
+    return st.lists(run, min_size=1, max_size=8).map(lambda runs: sum(runs, [])).flatmap(st.permutations)
+
+
+@pytest.mark.parametrize("gap_bytes", [0, 100, hdf5.GAP_BYTES, 10**9])  # runs only ... one span per extent
+@settings(max_examples=40, deadline=None)
+@given(ids=ids_with_runs())
+@example(ids=list(range(N_RAW))[::-1])
+@example(ids=[N_RAW - 1, 0, N_RAW - 1, 7, 8, 7])
+def test_raw_reads_match_h5py_bit_for_bit(raw_layouts, gap_bytes, ids):
+    src, _, data = raw_layouts
+    with mock.patch.object(hdf5, "GAP_BYTES", gap_bytes):
+        batch = src.read_batch(ids)
+    assert_bit_exact(batch, {name: rows[ids] for name, rows in data.items()})
+
+
+@pytest.mark.parametrize("ids", [
+    [15, 16, 31, 32, 33, 8, 7],  # across chunk boundaries of every chunk size
+    [N_RAW - 1, N_RAW - 12, N_RAW - 11, 190, 191, 192],  # into and inside the partial last chunk
+    [5, 5, 5, 100, 5, 0, 100],  # repeats
+    list(range(40, 200)),  # one long run over many chunks (one read where they lie in order)
+    list(np.random.default_rng(3).permutation(N_RAW)[:32]),  # a shuffled batch
+])
+def test_raw_reads_match_h5py_reading_the_sorted_ids(raw_layouts, ids):
+    src, path, data = raw_layouts
+    unique, inverse = np.unique(ids, return_inverse=True)
+    with h5py.File(path, "r") as f:
+        expected = {name: f[name][unique][inverse] for name in data}  # h5py reads increasing ids
+    assert_bit_exact(src.read_batch(ids), expected)
+
+
+def test_raw_reads_take_one_syscall_per_span_not_per_row(raw_layouts, monkeypatch):
+    """Nearby rows share a read, across chunk boundaries where chunks lie back to back in the file,
+    never across a jump in the file."""
+    src, path, data = raw_layouts
+    raw = src._handles.get().raw
+    calls = []
+    preadv = os.preadv
+    monkeypatch.setattr(os, "preadv", lambda fd, buffers, offset: calls.append(offset) or preadv(fd, buffers, offset))
+
+    def reads(name, ids):
+        one = Hdf5Source(path, x=f"/{name}")
+        calls.clear()
+        assert_bit_exact(one.read_batch(ids), {"x": data[name][ids]})
+        one.close()
+        return len(calls)
+
+    shuffled = np.random.default_rng(4).permutation(N_RAW)[:32]
+    assert reads("labels", shuffled) == 1  # 8-byte rows a few hundred bytes apart: one read of their span
+    extents, chunks = raw["chunked_labels"].extents[shuffled // 16], shuffled // 16
+    assert reads("chunked_labels", shuffled) == len(np.unique(extents)) < len(np.unique(chunks))
+    assert raw["images"].extents.max() == 0  # written in order at creation: chunks back to back
+    assert reads("images", np.arange(10, 150)) == 1  # consecutive 12 KB rows over 5 chunks
+    assert reads("reversed", np.arange(10, 30)) == 3  # chunks 1..3, stored last to first: one read each
+    assert reads("images", [150, 3, 40, 41, 42, 100]) == 4  # 12 KB rows far apart: one read each (40..42 one)
+
+
+@pytest.mark.parametrize("ids", [[40], [40, 42]], ids=["run", "span"])
+def test_a_file_truncated_after_opening_fails_naming_the_rows(tmp_path, ids):
+    path = str(tmp_path / "t.h5")
+    rows = np.arange(64 * 6, dtype=np.float64).reshape(64, 6)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=rows, chunks=(8, 6))
+    src = Hdf5Source(path, x="/x")
+    np.testing.assert_array_equal(src.read_batch(ids)["x"], rows[ids])  # opens the file
+    raw = src._handles.get().raw["x"]
+    assert raw.rows_per_chunk == 8 and 40 % 8 == 0
+    os.truncate(path, int(raw.offsets[40 // 8]) + 20)  # mid-row 40: the first read comes back short
+    with pytest.raises(DataError, match=rf"rows 40\.\.{ids[-1]} of dataset /x end past the end of the file "
+                                        r"\(truncated since it was opened\?\)") as info:
+        src.read_batch(ids[::-1])
+    assert path in str(info.value)
+    np.testing.assert_array_equal(src.read_batch([0, 7, 1])["x"], rows[[0, 7, 1]])  # rows before the cut still read
+    src.close()
