@@ -30,6 +30,7 @@ class LoaderConfig:
     with_ids: bool = False
     sampler: Any = None
     max_error_fraction: float = 0.1
+    inline_when_faster: bool | None = None
 
     def __post_init__(self):
         def need(ok: bool, message: str) -> None:
@@ -50,8 +51,23 @@ class LoaderConfig:
         need(self.timeout is None or self.workers > 0,
              "timeout needs workers >= 1: a sample running in the consumer's own thread cannot be interrupted")
         need(0.0 <= self.max_error_fraction <= 1.0, f"max_error_fraction must be in [0, 1], got {self.max_error_fraction}")
+        need(self.inline_when_faster in (None, True, False), f"inline_when_faster must be None, True or False, got {self.inline_when_faster!r}")
+        need(not (self.inline_when_faster and self.timeout is not None),
+             "inline_when_faster=True cannot go with a timeout: a batch made in the consumer cannot be interrupted")
+        need(not (self.inline_when_faster and self.mode == "ray"), "inline_when_faster is for thread and process mode, not Ray")
         need(not (self.shuffle and self.sampler is not None), "pass either shuffle=True or a sampler, not both")
         need(self.transform is None or callable(self.transform), "transform must be callable(sample, rng) -> dict")
+
+    @property
+    def makes_batches_inline(self) -> bool:
+        """Whether the consumer may make a batch itself when that measures faster than handing
+        it to a worker (``execution/handoff.py``). Unset: yes, in thread and process mode
+        without a timeout (a batch made in the consumer cannot be interrupted)."""
+        if self.workers == 0:
+            return True
+        if self.inline_when_faster is None:
+            return self.mode != "ray" and self.timeout is None
+        return self.inline_when_faster
 
     @property
     def effective_prefetch(self) -> int:

@@ -24,6 +24,7 @@ import numpy as np
 
 from .config import LoaderConfig
 from .errors import SampleError, SampleTimeout, TooManyErrors, WorkerDied
+from .execution.handoff import make_handoff
 from .execution.pool import make_pool
 from .execution.scheduler import EpochRun, Outcome
 from .execution.batch import run_batch
@@ -69,6 +70,7 @@ class Loader:
         with_ids: bool = False,
         sampler: Any = None,
         max_error_fraction: float = 0.1,
+        inline_when_faster: bool | None = None,
     ):
         check_source(source)
         if drop_last and last_batch not in (None, "drop"):
@@ -79,7 +81,7 @@ class Loader:
             mode=mode, prefetch=prefetch, last_batch="drop" if drop_last else (last_batch or "partial"),
             shard_index=shard_index, shard_count=shard_count, on_error=on_error, retries=retries,
             timeout=timeout, quarantine=quarantine, with_ids=with_ids, sampler=sampler,
-            max_error_fraction=max_error_fraction,
+            max_error_fraction=max_error_fraction, inline_when_faster=inline_when_faster,
         )
         self.sampler = sampler or (ShuffleSampler() if shuffle else SequentialSampler())
         self._quarantine = Quarantine(quarantine)
@@ -87,6 +89,7 @@ class Loader:
         self._cursor = (0, 0)  # (epoch, next batch index)
         self._cached_plan: tuple = (None, None)
         self._pool = None
+        self._handoff = None  # who makes each batch; measured anew with each new pool
         self._task_ids = itertools.count()
         self._active = threading.Lock()  # one epoch at a time
         self._closed = False
@@ -139,7 +142,8 @@ class Loader:
             run = EpochRun(self._ensure_pool(), plan, epoch=epoch, start=start,
                            prefetch=cfg.effective_prefetch, retries=cfg.retries,
                            stop_on_failure=cfg.on_error == "raise", task_ids=self._task_ids,
-                           max_blameless_deaths=max(3, 2 * cfg.workers), stats=self._stats)
+                           max_blameless_deaths=max(3, 2 * cfg.workers), stats=self._stats,
+                           handoff=self._handoff)
             skipped_before = self._quarantine.count(epoch)
             planned = sum(spec.num_real for spec in plan)
             for outcome in run:
@@ -189,6 +193,7 @@ class Loader:
             cfg = self.config
             ctx = self._work_context(stop_on_failure=cfg.on_error == "raise")
             self._pool = make_pool(cfg.mode, cfg.workers, ctx, cfg.timeout)
+            self._handoff = make_handoff(cfg)
         return self._pool
 
     # -- delivery and failure policy ---------------------------------------------------

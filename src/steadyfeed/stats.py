@@ -25,6 +25,7 @@ class LoaderStats:
     samples: int = 0
     skipped: int = 0
     wait_seconds: float = 0.0
+    inline_batches: int = 0  # made by the consumer itself (all of them with workers=0)
     first_batch_seconds: float | None = None  # latency of the most recent epoch's first batch
     stage_seconds: dict = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     fill_total: int = 0  # sum over taken batches of how many batches were ready at that moment
@@ -48,6 +49,7 @@ class LoaderStats:
             "samples": self.samples,
             "skipped": self.skipped,
             "wait_seconds": self.wait_seconds,
+            "inline_batches": self.inline_batches,
             "first_batch_seconds": self.first_batch_seconds,
             "stage_seconds": dict(self.stage_seconds),
             "queue_fill_mean": self.fill_total / self.batches if self.batches else 0.0,

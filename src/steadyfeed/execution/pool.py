@@ -36,34 +36,33 @@ class Lost:
 
 
 class InlinePool:
-    """workers=0: run each task in the consumer's thread when the consumer waits."""
+    """workers=0: no workers; the consumer makes every batch with ``run_here``."""
 
     def __init__(self, ctx: WorkContext):
         self.ctx = ctx
-        self._queue: list[BatchTask] = []
         self._status = StatusSlot([-1, -1, 0.0])
 
     def free_slots(self) -> int:
-        return 1 - len(self._queue)
+        return 0
 
-    def submit(self, task: BatchTask) -> None:
-        self._queue.append(task)
+    def run_here(self, task: BatchTask) -> BatchResult:
+        """Make the batch in the consumer's own thread (never interrupted: no timeout applies)."""
+        return run_batch(task, self.ctx, self._status)
 
     def drain(self) -> list:
-        return []  # inline work runs only when the consumer waits for it
+        return []
 
     def wait(self, timeout: float) -> list:
-        if not self._queue:
-            return []
-        return [Done(run_batch(self._queue.pop(0), self.ctx, self._status))]
+        raise RuntimeError("steadyfeed bug: waited on a pool without workers")  # a spin would be a hang
 
     def shutdown(self) -> None:
-        self._queue.clear()
+        pass
 
 
-class _WorkerPool:
+class _WorkerPool(InlinePool):
     def __init__(self, ctx: WorkContext, size: int, timeout: float | None):
-        self.ctx, self.size, self.timeout = ctx, size, timeout
+        super().__init__(ctx)
+        self.size, self.timeout = size, timeout
         self.workers: dict = {}
         self._next_wid = 0
         try:

@@ -8,6 +8,12 @@ on is charged one attempt (and fails for good past ``retries``), and every task 
 worker held is re-run on a fresh worker without the failed samples. Deaths that no
 sample can be blamed for are bounded too, so a pool whose workers keep dying raises
 instead of respawning forever.
+
+Who makes each batch is the ``handoff``'s call (``handoff.py``): while it says
+``to_workers`` is False, no new task goes to the pool and the consumer makes the next
+batch itself (``pool.run_here``) once the batches already in flight have arrived. A
+batch whose worker was lost always goes back to a worker: a sample that kills its
+process must never run in the consumer's.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from .pool import Done, Lost
 from .task import COLLATING, READING_BATCH, BatchTask, SampleFailure
 
 POLL_SECONDS = 0.5
+WORK_STAGES = ("read", "transform", "collate")  # making a batch; "transport" is the hand-off
 
 
 @dataclass
@@ -38,12 +45,14 @@ class _Batch:
     task: BatchTask | None = None
     lost_failures: list[SampleFailure] = field(default_factory=list)
     blameless_deaths: int = 0
+    lost: bool = False  # a worker holding it was lost: it stays with the workers
 
 
 class EpochRun:
     def __init__(self, pool, plan: list[BatchSpec], *, epoch: int, start: int, prefetch: int, retries: int,
-                 stop_on_failure: bool, task_ids: itertools.count, max_blameless_deaths: int, stats):
+                 stop_on_failure: bool, task_ids: itertools.count, max_blameless_deaths: int, stats, handoff):
         self.pool, self.plan, self.epoch = pool, plan, epoch
+        self.handoff = handoff
         self.prefetch, self.retries, self.stop_on_failure = prefetch, retries, stop_on_failure
         self.task_ids = task_ids
         self.max_blameless_deaths = max_blameless_deaths
@@ -56,22 +65,52 @@ class EpochRun:
         self.stats = stats  # LoaderStats: consumer wait time and queue fill are measured here
 
     def __iter__(self):
+        self.handoff.new_epoch()
+        last_yield = None
         while self.next_to_yield < len(self.plan):
+            entered = time.perf_counter()
             self._fill_window()
-            for event in self.pool.drain():  # keep workers busy even when the next batch is ready
-                self._handle(event)
+            if self._in_flight():  # keep workers busy even when the next batch is ready
+                for event in self.pool.drain():
+                    self._handle(event)
             self._submit_ready_tasks()
             t0 = time.perf_counter()
+            made_here = False
             while self.next_to_yield not in self.ready:
+                if self._next_is_mine():
+                    self._make_here()
+                    made_here = True
+                    continue
                 for event in self.pool.wait(POLL_SECONDS):
                     self._handle(event)
                 self._submit_ready_tasks()
-            self.stats.wait_seconds += time.perf_counter() - t0
+            now = time.perf_counter()
+            self.stats.wait_seconds += now - t0
+            self.stats.inline_batches += made_here
             self.stats.record_fill(len(self.ready))
             outcome = self.ready.pop(self.next_to_yield)
             del self.batches[self.next_to_yield]
             self.next_to_yield += 1
+            if last_yield is not None:
+                work = sum(outcome.timings.get(stage, 0.0) for stage in WORK_STAGES)
+                self.handoff.record(now - last_yield, now - entered, work, made_here)
+            last_yield = now
             yield outcome
+
+    def _in_flight(self) -> bool:
+        return len(self.batches) > len(self.ready) + len(self.to_submit)
+
+    def _next_is_mine(self) -> bool:
+        """The consumer makes the next batch when no worker has it and it will not go to one."""
+        return bool(self.to_submit) and self.to_submit[0] == self.next_to_yield and not self._to_worker(self.next_to_yield)
+
+    def _to_worker(self, index: int) -> bool:
+        return self.handoff.to_workers or self.batches[index].lost
+
+    def _make_here(self) -> None:
+        batch = self.batches[heapq.heappop(self.to_submit)]
+        batch.task = replace(batch.task, task_id=next(self.task_ids), shm_name=None)
+        self._handle(Done(self.pool.run_here(batch.task)))
 
     def _fill_window(self) -> None:
         while self.next_to_plan < len(self.plan) and self.next_to_plan - self.next_to_yield < self.prefetch:
@@ -82,7 +121,7 @@ class EpochRun:
             self.next_to_plan += 1
 
     def _submit_ready_tasks(self) -> None:
-        while self.to_submit and self.pool.free_slots() > 0:
+        while self.to_submit and self._to_worker(self.to_submit[0]) and self.pool.free_slots() > 0:
             batch = self.batches[heapq.heappop(self.to_submit)]
             batch.task = replace(batch.task, task_id=next(self.task_ids), shm_name=None)
             self.pool.submit(batch.task)
@@ -100,6 +139,7 @@ class EpochRun:
             self._handle_lost(event)
 
     def _handle_lost(self, event: Lost) -> None:
+        self.handoff.pin_to_workers()
         self.deaths_since_progress += 1
         if self.deaths_since_progress > self.max_blameless_deaths:
             raise WorkerDied(
@@ -113,6 +153,7 @@ class EpochRun:
             batch = self.batches.get(task.spec.index)
             if batch is None or batch.task.task_id != task.task_id:
                 continue
+            batch.lost = True
             if event.running is not None and event.running[0] == task.task_id:
                 self._charge(batch, event.running[1], event)
             if self.stop_on_failure and batch.lost_failures:

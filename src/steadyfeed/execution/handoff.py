@@ -1,0 +1,135 @@
+"""Who makes the next batch: a worker, or the consumer itself.
+
+Handing a batch to a worker and back costs the consumer something: a queue hand-off
+and GIL switches for threads; pickling, a pipe round trip and a copy out of shared
+memory for processes. A batch that costs less than that to make (rows of a
+page-cached HDF5 file, slices of an in-memory array) is delivered faster with no
+workers at all, so workers must not be a slowdown. :class:`MeasuredHandoff` measures
+both ways and keeps the faster:
+
+1. *with workers*: once the pipeline has filled, ``PROBE_BATCHES`` batches give the
+   mean cycle (time from one batch handed out to the next, the consumer's own work in
+   between included: its inverse is the throughput, so a mean, not a median, whose
+   cycles are bimodal here: most batches are ready, some are waited for), the mean
+   time the consumer spent inside the loader, and the mean time a worker spent
+   making a batch;
+2. when the consumer spends less than a ``GATE_RATIO``-th of a batch's making time
+   inside the loader, the workers hide that work and nothing is probed. Otherwise no
+   new task goes to the workers; the ones in flight arrive, and the consumer then
+   makes ``PROBE_BATCHES`` batches itself (the first, a transition, not counted),
+   stopping early once the mean of its cycles (three at least) exceeds
+   ``ABORT_RATIO`` times the workers' mean;
+3. the faster way is kept for at least ``RECHECK_BATCHES`` batches and
+   ``RECHECK_SECONDS``, then measured again (the data, a cache or the machine's load
+   may have changed). Both bounds keep the probes rare: a probe costs a few dozen
+   batches at the slower way, whether batches take microseconds or seconds.
+
+Who makes a batch never changes what it holds: a batch is a pure function of the
+plan, the source and the seed (``run_batch`` is the only code that makes one). So the
+choice shows only in speed and in ``Loader.stats()["inline_batches"]``.
+
+What it does change is where a crash lands. A Python exception is the same
+``SampleError`` either way, but a sample that kills its process (a native decoder
+crashing on a corrupt file) would take the consumer down instead of one worker. Two
+rules keep that from happening to data known to do it: a batch whose worker was lost
+always goes back to a worker (``scheduler.py``), and after any worker loss the loader
+keeps every batch in its workers (``pin_to_workers``). Batches cheap enough to be made
+inline are, in practice, plain reads (array slices, raw HDF5 rows), not decoding.
+"""
+from __future__ import annotations
+
+import statistics
+
+PROBE_BATCHES = 32
+RECHECK_BATCHES = 2000
+RECHECK_SECONDS = 10.0
+ABORT_RATIO = 1.5
+GATE_RATIO = 4.0
+
+
+class FixedHandoff:
+    """Always the same way: ``workers=0`` (the consumer makes every batch), or a pool that
+    must keep every batch in its workers (a ``timeout``, Ray, or the option turned off)."""
+
+    def __init__(self, to_workers: bool):
+        self.to_workers = to_workers
+
+    def new_epoch(self) -> None:
+        pass
+
+    def record(self, cycle: float, in_loader: float, work: float, made_here: bool) -> None:
+        pass
+
+    def pin_to_workers(self) -> None:
+        pass  # workers=0 has no workers to lose; a pool that keeps every batch already does
+
+
+class MeasuredHandoff:
+    """Measures batches made by workers and by the consumer; ``to_workers`` says which way now."""
+
+    def __init__(self, settle: int):
+        self.settle = settle  # batches to skip after (re)starting workers: the pipeline is filling
+        self._start_measuring()
+
+    def pin_to_workers(self) -> None:
+        """A worker was lost: from now on every batch is made by a worker."""
+        self._phase, self.to_workers = "pinned", True
+
+    def new_epoch(self) -> None:
+        if self._phase == "measure":  # the pipeline starts empty: restart a measurement in progress
+            self._start_measuring()
+
+    def record(self, cycle: float, in_loader: float, work: float, made_here: bool) -> None:
+        """One batch handed out: ``cycle`` seconds since the previous one, ``in_loader`` of them
+        inside the loader, ``work`` seconds spent making it (by whoever made it)."""
+        if self._phase == "measure":
+            self._measure(cycle, in_loader, work)
+        elif self._phase == "probe":
+            if made_here:  # batches still in flight from the workers do not count
+                self._probe(cycle)
+        elif self._phase == "keep":
+            self._kept_batches += 1
+            self._kept_seconds += cycle
+            if self._kept_batches >= RECHECK_BATCHES and self._kept_seconds >= RECHECK_SECONDS:
+                self._start_measuring()
+
+    def _start_measuring(self) -> None:
+        self._phase, self.to_workers = "measure", True
+        self._settle = self.settle
+        self._pooled: list[tuple[float, float, float]] = []
+
+    def _measure(self, cycle: float, in_loader: float, work: float) -> None:
+        if self._settle > 0:
+            self._settle -= 1
+            return
+        self._pooled.append((cycle, in_loader, work))
+        if len(self._pooled) < PROBE_BATCHES:
+            return
+        cycles, in_loaders, works = zip(*self._pooled)
+        self._pooled_cycle = statistics.fmean(cycles)
+        if statistics.fmean(in_loaders) * GATE_RATIO < statistics.fmean(works):
+            self._keep(to_workers=True)  # the workers hide the work: making it here would add it
+        else:
+            self._phase, self.to_workers, self._here = "probe", False, None
+
+    def _probe(self, cycle: float) -> None:
+        if self._here is None:  # the first batch made here follows the switch: not a steady cycle
+            self._here = []
+            return
+        self._here.append(cycle)
+        if len(self._here) >= 3 and statistics.fmean(self._here) > ABORT_RATIO * self._pooled_cycle:
+            self._keep(to_workers=True)
+        elif len(self._here) >= PROBE_BATCHES:
+            self._keep(to_workers=statistics.fmean(self._here) >= self._pooled_cycle)
+
+    def _keep(self, to_workers: bool) -> None:
+        self._phase, self.to_workers = "keep", to_workers
+        self._kept_batches, self._kept_seconds = 0, 0.0
+
+
+def make_handoff(config) -> FixedHandoff | MeasuredHandoff:
+    if config.workers == 0:
+        return FixedHandoff(to_workers=False)
+    if not config.makes_batches_inline:
+        return FixedHandoff(to_workers=True)
+    return MeasuredHandoff(settle=config.effective_prefetch)

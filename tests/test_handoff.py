@@ -1,0 +1,236 @@
+"""Who makes a batch (a worker or the consumer) never changes what is delivered, and the
+measured choice picks the faster way.
+
+The state machine is driven with synthetic timings (no test here depends on the
+machine's speed); the loader tests force every mix of inline and worker batches with a
+scripted handoff and compare against ``workers=0``.
+"""
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import steadyfeed.loader as loader_module
+from steadyfeed import Loader, SampleError, WorkerDied
+from steadyfeed.config import LoaderConfig
+from steadyfeed.execution import handoff as H
+
+from helpers import FaultySource, noisy, paired_source
+
+pytestmark = pytest.mark.timeout(120)
+
+US, MS = 1e-6, 1e-3
+
+
+def feed(handoff, n, cycle, in_loader, work, made_here=False):
+    for _ in range(n):
+        handoff.record(cycle, in_loader, work, made_here)
+
+
+def measured(settle=2):
+    return H.MeasuredHandoff(settle=settle)
+
+
+# -- the state machine ----------------------------------------------------------------------
+def test_cheap_batches_move_to_the_consumer_after_a_probe():
+    h = measured()
+    feed(h, 2 + H.PROBE_BATCHES - 1, 30 * US, 25 * US, 10 * US)
+    assert h.to_workers  # settling, then measuring: still the workers'
+    feed(h, 1, 30 * US, 25 * US, 10 * US)
+    assert not h.to_workers  # probing: no new task goes out
+    feed(h, 3, 30 * US, 25 * US, 10 * US, made_here=False)  # in-flight batches arriving: ignored
+    feed(h, 1 + H.PROBE_BATCHES, 15 * US, 15 * US, 10 * US, made_here=True)
+    assert not h.to_workers and h._phase == "keep"
+
+
+def test_mean_not_median_decides_bimodal_cycles():
+    """Most batches ready at once, every third waited for: the throughput is the mean."""
+    h = measured(settle=0)
+    for k in range(H.PROBE_BATCHES):
+        h.record(100 * US if k % 3 == 0 else 10 * US, 95 * US if k % 3 == 0 else 5 * US, 20 * US, False)
+    assert not h.to_workers
+    feed(h, 1 + H.PROBE_BATCHES, 25 * US, 25 * US, 20 * US, made_here=True)  # 25 us < mean 40 us, > median 10 us
+    assert not h.to_workers
+
+
+def test_work_hidden_by_workers_is_never_probed():
+    h = measured(settle=0)
+    feed(h, H.PROBE_BATCHES, 10 * MS, 0.1 * MS, 20 * MS)  # training-bound: batches are ready, costly to make
+    assert h.to_workers and h._phase == "keep"
+
+
+def test_probe_stops_early_when_the_consumer_is_clearly_slower():
+    h = measured(settle=0)
+    feed(h, H.PROBE_BATCHES, 10 * MS, 9 * MS, 20 * MS)  # worker-bound: the gate lets a probe run
+    assert not h.to_workers
+    feed(h, 1 + 3, 20 * MS, 20 * MS, 20 * MS, made_here=True)
+    assert h.to_workers and h._phase == "keep"
+
+
+def test_a_slower_consumer_keeps_the_workers():
+    h = measured(settle=0)
+    feed(h, H.PROBE_BATCHES, 10 * US, 9 * US, 9 * US)
+    feed(h, 1 + H.PROBE_BATCHES, 12 * US, 12 * US, 9 * US, made_here=True)  # slower, below the abort ratio
+    assert h.to_workers and h._phase == "keep"
+
+
+def test_the_choice_is_measured_again_after_batches_and_seconds(monkeypatch):
+    monkeypatch.setattr(H, "RECHECK_BATCHES", 10)
+    monkeypatch.setattr(H, "RECHECK_SECONDS", 1.0)
+    h = measured(settle=0)
+    feed(h, H.PROBE_BATCHES, 10 * MS, 0.1 * MS, 20 * MS)
+    feed(h, 20, 10 * MS, 0.1 * MS, 20 * MS)  # 20 batches but 0.2 s: too soon
+    assert h._phase == "keep"
+    feed(h, 80, 10 * MS, 0.1 * MS, 20 * MS)
+    assert h._phase == "measure" and h.to_workers
+
+
+def test_a_lost_worker_pins_every_batch_to_the_workers():
+    h = measured(settle=0)
+    feed(h, H.PROBE_BATCHES, 30 * US, 25 * US, 10 * US)
+    assert not h.to_workers
+    h.pin_to_workers()
+    feed(h, 1 + H.PROBE_BATCHES, 1 * US, 1 * US, 10 * US, made_here=True)
+    h.new_epoch()
+    feed(h, 10 * H.PROBE_BATCHES, 30 * US, 25 * US, 10 * US)
+    assert h.to_workers and h._phase == "pinned"
+
+
+def test_a_new_epoch_restarts_a_measurement_but_not_a_decision():
+    h = measured(settle=2)
+    feed(h, 2 + H.PROBE_BATCHES - 1, 10 * US, 9 * US, 9 * US)
+    h.new_epoch()  # the pipeline starts empty again: settle, then measure afresh
+    feed(h, 2 + H.PROBE_BATCHES - 1, 10 * US, 9 * US, 9 * US)
+    assert h._phase == "measure"
+    feed(h, 1, 10 * US, 9 * US, 9 * US)
+    assert h._phase == "probe"
+    h.new_epoch()
+    assert h._phase == "probe"
+
+
+@pytest.mark.parametrize("kwargs,expected", [
+    (dict(workers=0), (H.FixedHandoff, False)),
+    (dict(workers=2), (H.MeasuredHandoff, True)),
+    (dict(workers=2, timeout=5.0), (H.FixedHandoff, True)),
+    (dict(workers=2, mode="process"), (H.MeasuredHandoff, True)),
+    (dict(workers=2, mode="process", inline_when_faster=True), (H.MeasuredHandoff, True)),
+    (dict(workers=2, inline_when_faster=False), (H.FixedHandoff, True)),
+    (dict(workers=2, mode="ray"), (H.FixedHandoff, True)),
+])
+def test_which_handoff_a_configuration_gets(kwargs, expected):
+    handoff = H.make_handoff(LoaderConfig(batch_size=4, **kwargs))
+    assert (type(handoff), handoff.to_workers) == expected
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(workers=2, timeout=1.0, inline_when_faster=True), "cannot be interrupted"),
+    (dict(workers=2, mode="ray", inline_when_faster=True), "not Ray"),
+])
+def test_contradicting_options_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LoaderConfig(batch_size=4, **kwargs)
+
+
+# -- the loader with a scripted handoff ------------------------------------------------------
+class ScriptedHandoff:
+    """Flips between workers and consumer on a fixed pattern of batch counts."""
+
+    def __init__(self, pattern):
+        self.pattern, self.count, self.to_workers = list(pattern), 0, bool(pattern[0])
+
+    def new_epoch(self):
+        pass
+
+    def pin_to_workers(self):
+        pass  # ignored, so the scheduler's own rule for lost batches is what is tested
+
+    def record(self, cycle, in_loader, work, made_here):
+        self.count += 1
+        self.to_workers = bool(self.pattern[self.count % len(self.pattern)])
+
+
+def scripted(monkeypatch, pattern):
+    monkeypatch.setattr(loader_module, "make_handoff", lambda config: ScriptedHandoff(pattern))
+
+
+def digests(loader, epochs=2):
+    out = []
+    for e in range(epochs):
+        for b in loader.epoch(e):
+            out.append((int(b["id"][0]), b["x"].tobytes(), b["y"].tobytes(), b["id"].tobytes()))
+    return out
+
+
+def reference(n, **kwargs):
+    with Loader(paired_source(n), 5, with_ids=True, **kwargs) as loader:
+        return digests(loader)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pattern=st.lists(st.booleans(), min_size=1, max_size=6), n=st.integers(1, 60), shuffle=st.booleans())
+def test_any_mix_of_inline_and_worker_batches_is_bit_identical(monkeypatch, pattern, n, shuffle):
+    options = dict(shuffle=shuffle, seed=3, transform=noisy)
+    expected = reference(n, **options)
+    with monkeypatch.context() as patch:  # hypothesis reuses the fixture across examples
+        scripted(patch, pattern)
+        with Loader(paired_source(n), 5, with_ids=True, workers=2, **options) as loader:
+            got = digests(loader)
+    assert got == expected
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_long_phases_hand_batches_both_ways(monkeypatch, mode):
+    expected = reference(97, shuffle=True, seed=5, transform=noisy)
+    scripted(monkeypatch, [False] * 6 + [True] * 3)
+    with Loader(paired_source(97), 5, with_ids=True, workers=2, mode=mode, inline_when_faster=True,
+                shuffle=True, seed=5, transform=noisy) as loader:
+        assert digests(loader) == expected
+        stats = loader.stats()
+    assert 0 < stats["inline_batches"] < stats["batches"]  # both ways were taken
+
+
+def test_a_failing_sample_made_inline_is_reported_like_anywhere_else(monkeypatch, marker_dir):
+    scripted(monkeypatch, [False])
+    with Loader(FaultySource(40, fail={13}, marker_dir=marker_dir), 4, workers=2, with_ids=True) as loader:
+        with pytest.raises(SampleError) as info:
+            list(loader)
+        assert loader.stats()["inline_batches"] > 0
+    assert (info.value.sample_id, info.value.batch_index, info.value.attempts) == (13, 3, 1)
+    with Loader(FaultySource(40, fail={13}, marker_dir=marker_dir), 4, workers=2, with_ids=True,
+                on_error="skip") as loader:
+        ids = np.concatenate([b["id"] for b in loader])
+        assert [r["sample_id"] for r in loader.quarantine_report()] == [13]
+    assert sorted(ids.tolist()) == sorted(set(range(40)) - {13})
+
+
+class PidRecordingSource(FaultySource):
+    """Leaves a marker ``read-<id>-<pid>`` each time a watched sample is read."""
+
+    def __init__(self, *args, watch=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.watch = set(watch)
+
+    def __getitem__(self, i):
+        if i in self.watch:
+            open(os.path.join(self.marker_dir, f"read-{i}-{os.getpid()}"), "w").close()
+        return super().__getitem__(i)
+
+
+def test_a_batch_whose_worker_died_never_runs_in_the_consumer(monkeypatch, marker_dir, no_leaks):
+    """Sample 9 kills its worker once; its batch is re-run, and never by the consumer, which
+    the next killing sample would take down with it."""
+    scripted(monkeypatch, [True] + [False] * 99)  # the first window goes to workers, then none
+    source = PidRecordingSource(40, kill={9}, watch={8, 9, 10, 11}, marker_dir=marker_dir, slow=0.002)
+    with Loader(source, 4, workers=2, mode="process", inline_when_faster=True, with_ids=True, retries=1) as loader:
+        ids = np.concatenate([b["id"] for b in loader])
+        assert loader.stats()["inline_batches"] > 0
+    assert sorted(ids.tolist()) == list(range(40))
+    readers = {name.rsplit("-", 1)[1] for name in os.listdir(marker_dir) if name.startswith("read-")}
+    assert readers and str(os.getpid()) not in readers
+
+
+def test_a_lost_worker_ends_inline_making_for_the_loader(marker_dir, no_leaks):
+    with Loader(FaultySource(40, kill={9}, marker_dir=marker_dir), 4, workers=2, mode="process", retries=1) as loader:
+        list(loader)
+        assert loader._handoff.to_workers and loader._handoff._phase == "pinned"
