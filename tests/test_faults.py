@@ -157,6 +157,90 @@ def test_workers_that_die_at_start_raise_instead_of_respawning_forever(no_leaks)
             list(loader)
 
 
+def _segments_of(pids, names=None) -> list:
+    """The /dev/shm entries (or ``names``) that steadyfeed named in any of these processes:
+    PREFIX, then the owner token (pid in hex + 4 hex digits), then ``s`` or ``w``."""
+    import re
+    from steadyfeed.execution import shm
+    mine = re.compile(rf"{re.escape(shm.PREFIX)}({'|'.join(f'{pid:x}' for pid in pids)})[0-9a-f]{{4}}[sw]")
+    return sorted(name for name in (os.listdir("/dev/shm") if names is None else names) if mine.match(name))
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm to list segments")
+def test_script_without_main_guard_reports_dead_workers_and_leaks_no_segment(tmp_path, no_leaks):
+    # Each spawned child re-runs the script, builds its own Loader and fails in
+    # Process.start() (bootstrapping RuntimeError): the status segment that child had
+    # just created must not outlive it (nor make the resource tracker warn at exit).
+    import steadyfeed
+    pids = tmp_path / "pids"
+    script = tmp_path / "no_guard.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, os, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        with open({str(pids)!r}, "a") as f:
+            f.write(f"{{os.getpid()}}\\n")  # the script itself and every child that re-runs it
+        from helpers import paired_source
+        import steadyfeed
+        try:
+            with steadyfeed.Loader(paired_source(20), 4, workers=2, mode="process") as loader:
+                for batch in loader:
+                    pass
+        except steadyfeed.WorkerDied as exc:
+            pids = [int(line) for line in open({str(pids)!r})]
+            now = [name for name in os.listdir("/dev/shm") if name.startswith("sf")]
+            print(json.dumps({{"error": str(exc), "pids": pids, "segments": now}}))
+    """))
+    src = os.path.dirname(os.path.dirname(steadyfeed.__file__))  # the steadyfeed under test
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "lost in a row" in report["error"]
+    assert len(report["pids"]) > 1  # the children did re-run the script
+    # none left behind (while the script still runs) for the resource tracker to sweep at exit
+    assert _segments_of(report["pids"], report["segments"]) == []
+    assert "leaked shared_memory" not in out.stderr
+    assert _segments_of(int(line) for line in pids.read_text().split()) == []
+
+
+@pytest.mark.parametrize("error", [RuntimeError("no start"), KeyboardInterrupt()])
+def test_a_worker_that_fails_to_start_unlinks_its_status_segment(error, no_leaks):
+    import multiprocessing
+    from steadyfeed.execution import shm
+    from steadyfeed.execution.workers import ProcessWorker, process_context
+
+    class NoStart(multiprocessing.Process):
+        def start(self):
+            raise error
+
+    class Context:
+        Pipe = staticmethod(process_context().Pipe)
+        Process = NoStart
+
+    token = shm.owner_token()
+    with pytest.raises(type(error)):
+        ProcessWorker(0, None, Context(), token, slots=2)
+    if os.path.isdir("/dev/shm"):
+        assert [name for name in os.listdir("/dev/shm") if name.startswith(f"{shm.PREFIX}{token}")] == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
+def test_discarding_a_slot_left_empty_by_a_killed_worker_unlinks_it(no_leaks):
+    # a worker killed between creating its slot and sizing it leaves an empty segment,
+    # which cannot be attached (mmap of an empty file): it must be unlinked all the same
+    import _posixshmem
+    from steadyfeed.execution import shm
+    name = shm.slot_name(shm.owner_token(), 0, 0)
+    os.close(_posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600))
+    try:
+        shm.ConsumerSlots().discard([name])
+        assert not os.path.exists(f"/dev/shm/{name}")
+    finally:
+        if os.path.exists(f"/dev/shm/{name}"):
+            _posixshmem.shm_unlink("/" + name)
+
+
 # -- hung samples ---------------------------------------------------------------------------
 @pytest.mark.parametrize("workers,mode", MODES)
 def test_hung_sample_times_out_with_its_id(workers, mode, marker_dir, no_leaks):

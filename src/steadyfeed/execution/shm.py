@@ -18,6 +18,11 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
+try:
+    import _posixshmem  # what multiprocessing.shared_memory itself uses on POSIX
+except ImportError:  # Windows: a segment goes away with its last handle, nothing to unlink
+    _posixshmem = None
+
 PREFIX = "sf"
 _ALIGN = 64
 
@@ -108,8 +113,23 @@ class ConsumerSlots:
                 segment = shared_memory.SharedMemory(name=name)
             except FileNotFoundError:
                 continue
+            except ValueError:  # "cannot mmap an empty file"
+                # The worker died between creating the segment and sizing it, so before it
+                # registered it with the resource tracker (and our attach failed before that
+                # too): unlink it by name, or it stays in /dev/shm for good.
+                _unlink_name(name)
+                continue
             segment.close()
             segment.unlink()
+
+
+def _unlink_name(name: str) -> None:
+    if _posixshmem is None:
+        return
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass
 
 
 def _end(layout: list) -> int:

@@ -9,6 +9,7 @@ blocks neither the next epoch nor interpreter exit.
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.spawn as mp_spawn
 import pickle
 import queue
 import signal
@@ -109,6 +110,19 @@ def _picklable(exc: BaseException | None) -> BaseException | None:
         return RemoteError(f"{type(exc).__name__}: {exc}")
 
 
+def _check_not_bootstrapping() -> None:
+    """Raise, as ``Process.start()`` would, if this process is itself a spawned child still
+    re-running the main module (a script without ``if __name__ == "__main__":``).
+
+    Checked before the worker creates anything: such a child builds its own Loader, and
+    if the consumer stops it in the middle of that (it shuts down a failing pool at once),
+    a segment the child had created would be known to no one and outlive it.
+    """
+    check = getattr(mp_spawn, "_check_not_importing_main", None)  # what start() calls (3.8+)
+    if check is not None:
+        check()
+
+
 class ProcessWorker:
     kind = "process"
 
@@ -116,26 +130,37 @@ class ProcessWorker:
         self.wid = wid
         self.outstanding: OrderedDict[int, BatchTask] = OrderedDict()
         self.slot_names = [shm.slot_name(token, wid, k) for k in range(slots)]
+        _check_not_bootstrapping()
         # status cells live in a tiny segment of ours (not multiprocessing's heap, whose
         # arena file stays open for the life of the interpreter)
         self._status_segment = shm.create_status(f"{token}s{wid}")
-        self.status = StatusSlot(shm.status_cells(self._status_segment))
-        self.conn, child = mpctx.Pipe(duplex=True)
-        self.process = mpctx.Process(
-            target=_process_main, args=(child, self._status_segment.name, ctx),
-            name=f"steadyfeed-process-{wid}", daemon=True,
-        )
+        self.conn = child = None
         try:
-            self.process.start()
-        except (pickle.PicklingError, AttributeError, TypeError) as exc:
-            self.conn.close()
+            self.status = StatusSlot(shm.status_cells(self._status_segment))
+            self.conn, child = mpctx.Pipe(duplex=True)
+            self.process = mpctx.Process(
+                target=_process_main, args=(child, self._status_segment.name, ctx),
+                name=f"steadyfeed-process-{wid}", daemon=True,
+            )
+            try:
+                self.process.start()
+            except (pickle.PicklingError, AttributeError, TypeError) as exc:
+                raise TypeError(
+                    "mode='process' pickles the source and the transform into each worker; "
+                    f"this one cannot be pickled ({exc}). Define it at module level, or use mode='thread'."
+                ) from exc
+        except BaseException:
+            # Whatever stops the start (an unpicklable source; the bootstrapping RuntimeError
+            # of a script without a __main__ guard, re-run inside a spawned child; Ctrl-C; no
+            # fds left), no one else knows this segment: unlink it here, or it stays in
+            # /dev/shm until the resource tracker sweeps it at exit, warning of a leak.
+            if self.conn is not None:
+                self.conn.close()
             self._release_status()
-            raise TypeError(
-                "mode='process' pickles the source and the transform into each worker; "
-                f"this one cannot be pickled ({exc}). Define it at module level, or use mode='thread'."
-            ) from exc
+            raise
         finally:
-            child.close()
+            if child is not None:
+                child.close()
 
     @property
     def sentinel(self):
