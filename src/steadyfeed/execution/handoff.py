@@ -43,7 +43,7 @@ import statistics
 PROBE_BATCHES = 32
 RECHECK_BATCHES = 2000
 RECHECK_SECONDS = 10.0
-ABORT_RATIO = 1.5
+ABORT_RATIO = 1.0  # stop probing once the consumer is not faster: a probe costs real batches
 GATE_RATIO = 4.0
 
 
