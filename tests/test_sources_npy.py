@@ -323,3 +323,76 @@ def test_npyarray_exactly_once_through_workers(big, mode, no_leaks):
         np.testing.assert_array_equal(b["y"], label_of(b["x"]))
         np.testing.assert_array_equal(b["x"][:, 0] / 6, b["id"])
     assert sorted(np.concatenate([b["id"] for b in batches]).tolist()) == list(range(500))
+
+
+# -- read_batch: the one-preadv-per-file path and its checked fallback ----------------------
+def write_rows(root, arrays):
+    root.mkdir(exist_ok=True)
+    for i, a in enumerate(arrays):
+        np.save(root / f"{i:04d}.npy", a)
+    return root
+
+
+def batch_of(tmp_path, arrays, ids=None):
+    inputs = write_rows(tmp_path / "inputs", arrays)
+    labels = write_rows(tmp_path / "labels", [np.float32(i) for i in range(len(arrays))])
+    src = NpyPairs(inputs, labels)
+    ids = list(range(len(arrays))) if ids is None else ids
+    return src.read_batch(ids), inputs
+
+
+@pytest.mark.parametrize("kind", ["float32", "scalar", "structured", "unicode", "bool"])
+def test_read_batch_matches_np_load_row_for_row(tmp_path, kind):
+    rng = np.random.default_rng(1)
+    base = ARRAYS[kind]
+    arrays = [base if base.dtype.kind in "OUSVb" else (base + rng.integers(0, 9)).astype(base.dtype) for _ in range(7)]
+    ids = [6, 0, 3, 3, 1]
+    batch, inputs = batch_of(tmp_path, arrays, ids=ids)
+    assert batch["x"].shape == (len(ids), *base.shape)
+    for row, i in enumerate(ids):  # row by row: np.stack would make a structured dtype native-endian
+        assert_same_array(batch["x"][row, ...], np.load(inputs / f"{i:04d}.npy"))
+    np.testing.assert_array_equal(batch["y"], np.float32(ids))
+
+
+def test_read_batch_reads_a_differently_written_header_through_the_checked_path(tmp_path):
+    arrays = [np.full((3, 4), i, np.float32) for i in range(5)]
+    _, inputs = batch_of(tmp_path, arrays)
+    with open(inputs / "0002.npy", "wb") as f:  # the same array in format 2.0: another header, same data
+        np.lib.format.write_array(f, arrays[2], version=(2, 0))
+    batch = NpyPairs(inputs, tmp_path / "labels").read_batch(range(5))
+    np.testing.assert_array_equal(batch["x"], np.stack(arrays))
+
+
+def test_read_batch_refuses_a_later_fortran_file_of_the_same_shape(tmp_path):
+    arrays = [np.arange(12, dtype=np.float64).reshape(3, 4) + i for i in range(4)]
+    _, inputs = batch_of(tmp_path, arrays)
+    np.save(inputs / "0002.npy", np.asfortranarray(arrays[2]))  # same shape, other memory order
+    src = NpyPairs(inputs, tmp_path / "labels")
+    with pytest.raises(ValueError, match="0002.npy"):
+        src.read_batch(range(4))  # the engine then reads one by one: correct rows, see below
+    with Loader(src, 4) as loader:
+        np.testing.assert_array_equal(next(iter(loader))["x"], np.stack(arrays))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "trailing bytes"])
+def test_read_batch_names_a_later_file_of_the_wrong_length(tmp_path, damage):
+    arrays = [np.full((8,), i, np.float64) for i in range(5)]
+    _, inputs = batch_of(tmp_path, arrays)
+    path = inputs / "0003.npy"
+    if damage == "truncated":
+        truncate(path, os.path.getsize(path) - 8)
+    else:
+        with open(path, "ab") as f:
+            f.write(b"\0")
+    with pytest.raises(DataError, match=f"0003.npy: {damage}"):
+        NpyPairs(inputs, tmp_path / "labels").read_batch(range(5))
+
+
+def test_read_batch_refuses_a_later_file_of_another_dtype_with_the_same_size(tmp_path):
+    """int32 and float32 rows of one shape have headers of one length and data of one size:
+    only comparing the headers byte for byte tells them apart."""
+    arrays = [np.full((3, 4), i, np.float32) for i in range(4)]
+    _, inputs = batch_of(tmp_path, arrays)
+    np.save(inputs / "0001.npy", np.full((3, 4), 1, np.int32))
+    with pytest.raises(ValueError, match=r"0001.npy: int32 \(3, 4\) differs from float32 \(3, 4\)"):
+        NpyPairs(inputs, tmp_path / "labels").read_batch(range(4))

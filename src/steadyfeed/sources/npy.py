@@ -38,6 +38,7 @@ class _Layout:
     order: str  # "C" or "F"
     offset: int  # first data byte
     nbytes: int
+    header: bytes  # the header itself (magic to padding), for byte-for-byte comparison
 
 
 @functools.lru_cache(maxsize=1024)
@@ -48,7 +49,7 @@ def _parse_header(header: bytes) -> _Layout:
     fp = io.BytesIO(header)
     version = np.lib.format.read_magic(fp)
     shape, fortran, dtype = _HEADER_READERS[version](fp)
-    return _Layout(dtype, shape, "F" if fortran else "C", len(header), math.prod(shape) * dtype.itemsize)
+    return _Layout(dtype, shape, "F" if fortran else "C", len(header), math.prod(shape) * dtype.itemsize, header)
 
 
 def _header(fd: int, size: int) -> bytes:
@@ -100,23 +101,60 @@ def _read_into(fd: int, out: np.ndarray, offset: int, path: str) -> None:
 
 
 def _read_stack(paths: list[str]) -> np.ndarray:
-    """The arrays in ``paths``, which must share shape and dtype, as rows of one new array."""
-    out, first = None, None
-    for row, path in enumerate(paths):
-        fd = os.open(path, os.O_RDONLY)
+    """The arrays in ``paths``, which must share shape and dtype, as rows of one new array.
+
+    The first file is parsed and checked; every other file is read whole in one ``preadv``:
+    its header into a scratch buffer, its data straight into its row, plus one byte past the
+    end. A file whose header is byte-identical to the first and whose length is exact is
+    done: no parsing, no ``fstat``, three system calls. Anything else (another shape or
+    dtype, a truncated or overlong file) takes the checked path, which names the problem.
+    """
+    out, first = _read_first(paths[0], len(paths))
+    if first.nbytes == 0 or len(paths) == 1:
+        _read_rows_checked(paths, out, first, start=1)
+        return out
+    rows = out.reshape(len(paths), -1).view(np.uint8)
+    header, scratch, past_end = first.header, bytearray(first.offset), bytearray(1)
+    for row in range(1, len(paths)):
+        fd = os.open(paths[row], os.O_RDONLY)
         try:
-            layout = npy_layout(fd, path)
-            if first is None:
-                if layout.order == "F" and len(layout.shape) > 1:
-                    raise ValueError(f"{path}: Fortran order: read one by one")
-                first, out = layout, np.empty((len(paths), *layout.shape), layout.dtype)
-            elif (layout.shape, layout.dtype) != (first.shape, first.dtype):
-                raise ValueError(f"{path}: {layout.dtype} {layout.shape} differs from {first.dtype} {first.shape}")
-            if layout.nbytes:
-                _read_into(fd, out[row:row + 1], layout.offset, path)  # a slice: 0-d rows stay views
+            whole = os.preadv(fd, [scratch, rows[row], past_end], 0) == first.offset + first.nbytes
+            if not (whole and scratch == header):
+                _read_row_checked(fd, paths[row], out, row, first)
         finally:
             os.close(fd)
     return out
+
+
+def _read_first(path: str, n: int) -> tuple[np.ndarray, _Layout]:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        layout = npy_layout(fd, path)
+        if layout.order == "F" and len(layout.shape) > 1:
+            raise ValueError(f"{path}: Fortran order: read one by one")
+        out = np.empty((n, *layout.shape), layout.dtype)
+        if layout.nbytes:
+            _read_into(fd, out[0:1], layout.offset, path)  # a slice: 0-d rows stay views
+        return out, layout
+    finally:
+        os.close(fd)
+
+
+def _read_rows_checked(paths: list[str], out: np.ndarray, first: _Layout, start: int) -> None:
+    for row in range(start, len(paths)):
+        fd = os.open(paths[row], os.O_RDONLY)
+        try:
+            _read_row_checked(fd, paths[row], out, row, first)
+        finally:
+            os.close(fd)
+
+
+def _read_row_checked(fd: int, path: str, out: np.ndarray, row: int, first: _Layout) -> None:
+    layout = npy_layout(fd, path)
+    if (layout.shape, layout.dtype, layout.order) != (first.shape, first.dtype, first.order):
+        raise ValueError(f"{path}: {layout.dtype} {layout.shape} differs from {first.dtype} {first.shape}")
+    if layout.nbytes:
+        _read_into(fd, out[row:row + 1], layout.offset, path)
 
 
 def read_npy(path: str) -> np.ndarray:
