@@ -31,6 +31,7 @@ class LoaderConfig:
     sampler: Any = None
     max_error_fraction: float = 0.1
     inline_when_faster: bool | None = None
+    worker_niceness: int = 5
 
     def __post_init__(self):
         def need(ok: bool, message: str) -> None:
@@ -55,6 +56,8 @@ class LoaderConfig:
         need(not (self.inline_when_faster and self.timeout is not None),
              "inline_when_faster=True cannot go with a timeout: a batch made in the consumer cannot be interrupted")
         need(not (self.inline_when_faster and self.mode == "ray"), "inline_when_faster is for thread and process mode, not Ray")
+        need(isinstance(self.worker_niceness, int) and 0 <= self.worker_niceness <= 19,
+             f"worker_niceness must be an int from 0 (the consumer's priority) to 19, got {self.worker_niceness!r}")
         need(not (self.shuffle and self.sampler is not None), "pass either shuffle=True or a sampler, not both")
         need(self.transform is None or callable(self.transform), "transform must be callable(sample, rng) -> dict")
 

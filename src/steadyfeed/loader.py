@@ -71,6 +71,7 @@ class Loader:
         sampler: Any = None,
         max_error_fraction: float = 0.1,
         inline_when_faster: bool | None = None,
+        worker_niceness: int = 5,
     ):
         check_source(source)
         if drop_last and last_batch not in (None, "drop"):
@@ -82,6 +83,7 @@ class Loader:
             shard_index=shard_index, shard_count=shard_count, on_error=on_error, retries=retries,
             timeout=timeout, quarantine=quarantine, with_ids=with_ids, sampler=sampler,
             max_error_fraction=max_error_fraction, inline_when_faster=inline_when_faster,
+            worker_niceness=worker_niceness,
         )
         self.sampler = sampler or (ShuffleSampler() if shuffle else SequentialSampler())
         self._quarantine = Quarantine(quarantine)
@@ -180,7 +182,8 @@ class Loader:
 
     def _work_context(self, stop_on_failure: bool) -> WorkContext:
         cfg = self.config
-        return WorkContext(self.source, cfg.transform, int(cfg.seed), cfg.retries, stop_on_failure)
+        return WorkContext(self.source, cfg.transform, int(cfg.seed), cfg.retries, stop_on_failure,
+                           cfg.worker_niceness)
 
     def _public(self, batch: dict) -> dict:
         """The batch as users see it: "id" only when asked for."""

@@ -27,6 +27,7 @@ class WorkContext:
     seed: int
     retries: int
     stop_on_failure: bool  # on_error="raise": no point finishing a batch that will raise
+    niceness: int = 0  # how much lower than the consumer's the workers' CPU priority is
 
 
 @dataclass
