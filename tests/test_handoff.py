@@ -64,8 +64,20 @@ def test_probe_stops_early_when_the_consumer_is_clearly_slower():
     h = measured(settle=0)
     feed(h, H.PROBE_BATCHES, 10 * MS, 9 * MS, 20 * MS)  # worker-bound: the gate lets a probe run
     assert not h.to_workers
-    feed(h, 1 + 3, 20 * MS, 20 * MS, 20 * MS, made_here=True)
+    feed(h, 1 + H.ABORT_AFTER - 1, 20 * MS, 20 * MS, 20 * MS, made_here=True)
+    assert not h.to_workers  # too few cycles to judge yet
+    feed(h, 1, 20 * MS, 20 * MS, 20 * MS, made_here=True)
     assert h.to_workers and h._phase == "keep"
+
+
+def test_one_slow_first_batch_does_not_end_a_probe():
+    """The consumer's first batches open files of its own: one slow cycle must not decide."""
+    h = measured(settle=0)
+    feed(h, H.PROBE_BATCHES, 300 * US, 250 * US, 300 * US)
+    feed(h, 1, 900 * US, 900 * US, 300 * US, made_here=True)  # the transition: not counted
+    feed(h, 1, 600 * US, 600 * US, 300 * US, made_here=True)
+    feed(h, H.PROBE_BATCHES - 1, 170 * US, 170 * US, 160 * US, made_here=True)
+    assert not h.to_workers and h._phase == "keep"
 
 
 def test_a_slower_consumer_keeps_the_workers():

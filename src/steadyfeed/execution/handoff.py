@@ -17,8 +17,9 @@ both ways and keeps the faster:
    inside the loader, the workers hide that work and nothing is probed. Otherwise no
    new task goes to the workers; the ones in flight arrive, and the consumer then
    makes ``PROBE_BATCHES`` batches itself (the first, a transition, not counted),
-   stopping early once the mean of its cycles (three at least) exceeds
-   ``ABORT_RATIO`` times the workers' mean;
+   stopping early once the median of its cycles (``ABORT_AFTER`` at least; a median,
+   since the consumer's first batches open files of its own) exceeds ``ABORT_RATIO``
+   times the workers' mean;
 3. the faster way is kept for at least ``RECHECK_BATCHES`` batches and
    ``RECHECK_SECONDS``, then measured again (the data, a cache or the machine's load
    may have changed). Both bounds keep the probes rare: a probe costs a few dozen
@@ -43,7 +44,8 @@ import statistics
 PROBE_BATCHES = 32
 RECHECK_BATCHES = 2000
 RECHECK_SECONDS = 10.0
-ABORT_RATIO = 1.0  # stop probing once the consumer is not faster: a probe costs real batches
+ABORT_RATIO = 1.5
+ABORT_AFTER = 4
 GATE_RATIO = 4.0
 
 
@@ -117,7 +119,7 @@ class MeasuredHandoff:
             self._here = []
             return
         self._here.append(cycle)
-        if len(self._here) >= 3 and statistics.fmean(self._here) > ABORT_RATIO * self._pooled_cycle:
+        if len(self._here) >= ABORT_AFTER and statistics.median(self._here) > ABORT_RATIO * self._pooled_cycle:
             self._keep(to_workers=True)
         elif len(self._here) >= PROBE_BATCHES:
             self._keep(to_workers=statistics.fmean(self._here) >= self._pooled_cycle)
