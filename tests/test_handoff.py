@@ -25,7 +25,7 @@ US, MS = 1e-6, 1e-3
 
 def feed(handoff, n, cycle, in_loader, work, made_here=False):
     for _ in range(n):
-        handoff.record(cycle, in_loader, work, made_here)
+        handoff.record(cycle, in_loader, {"read": work, "transport": 1.0}, made_here)  # transport is no work
 
 
 def measured(settle=2):
@@ -48,7 +48,7 @@ def test_mean_not_median_decides_bimodal_cycles():
     """Most batches ready at once, every third waited for: the throughput is the mean."""
     h = measured(settle=0)
     for k in range(H.PROBE_BATCHES):
-        h.record(100 * US if k % 3 == 0 else 10 * US, 95 * US if k % 3 == 0 else 5 * US, 20 * US, False)
+        h.record(100 * US if k % 3 == 0 else 10 * US, 95 * US if k % 3 == 0 else 5 * US, {"read": 20 * US}, False)
     assert not h.to_workers
     feed(h, 1 + H.PROBE_BATCHES, 25 * US, 25 * US, 20 * US, made_here=True)  # 25 us < mean 40 us, > median 10 us
     assert not h.to_workers
@@ -157,7 +157,7 @@ class ScriptedHandoff:
     def pin_to_workers(self):
         pass  # ignored, so the scheduler's own rule for lost batches is what is tested
 
-    def record(self, cycle, in_loader, work, made_here):
+    def record(self, cycle, in_loader, timings, made_here):
         self.count += 1
         self.to_workers = bool(self.pattern[self.count % len(self.pattern)])
 

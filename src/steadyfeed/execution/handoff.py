@@ -47,6 +47,7 @@ RECHECK_SECONDS = 10.0
 ABORT_RATIO = 1.5
 ABORT_AFTER = 4
 GATE_RATIO = 4.0
+WORK_STAGES = ("read", "transform", "collate")  # making a batch; "transport" is the hand-off
 
 
 class FixedHandoff:
@@ -59,7 +60,7 @@ class FixedHandoff:
     def new_epoch(self) -> None:
         pass
 
-    def record(self, cycle: float, in_loader: float, work: float, made_here: bool) -> None:
+    def record(self, cycle: float, in_loader: float, timings: dict, made_here: bool) -> None:
         pass
 
     def pin_to_workers(self) -> None:
@@ -81,11 +82,11 @@ class MeasuredHandoff:
         if self._phase == "measure":  # the pipeline starts empty: restart a measurement in progress
             self._start_measuring()
 
-    def record(self, cycle: float, in_loader: float, work: float, made_here: bool) -> None:
+    def record(self, cycle: float, in_loader: float, timings: dict, made_here: bool) -> None:
         """One batch handed out: ``cycle`` seconds since the previous one, ``in_loader`` of them
-        inside the loader, ``work`` seconds spent making it (by whoever made it)."""
+        inside the loader; ``timings``, its stage times (``run_batch``), by whoever made it."""
         if self._phase == "measure":
-            self._measure(cycle, in_loader, work)
+            self._measure(cycle, in_loader, sum(timings.get(stage, 0.0) for stage in WORK_STAGES))
         elif self._phase == "probe":
             if made_here:  # batches still in flight from the workers do not count
                 self._probe(cycle)

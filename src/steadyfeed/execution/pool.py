@@ -138,6 +138,8 @@ class ThreadPool(_WorkerPool):
         return ThreadWorker(wid, self.ctx, self._outbox)
 
     def _collect(self, timeout: float) -> list:
+        if timeout <= 0 and self._outbox.empty():
+            return []  # the common case of drain(): nothing new, no exception raised and caught
         events = []
         try:
             message = self._outbox.get(timeout=timeout)

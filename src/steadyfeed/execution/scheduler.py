@@ -28,7 +28,6 @@ from .pool import Done, Lost
 from .task import COLLATING, READING_BATCH, BatchTask, SampleFailure
 
 POLL_SECONDS = 0.5
-WORK_STAGES = ("read", "transform", "collate")  # making a batch; "transport" is the hand-off
 
 
 @dataclass
@@ -42,7 +41,7 @@ class Outcome:
 @dataclass
 class _Batch:
     spec: BatchSpec
-    task: BatchTask | None = None
+    task: BatchTask | None = None  # its latest task: None until first submitted
     lost_failures: list[SampleFailure] = field(default_factory=list)
     blameless_deaths: int = 0
     lost: bool = False  # a worker holding it was lost: it stays with the workers
@@ -92,8 +91,7 @@ class EpochRun:
             del self.batches[self.next_to_yield]
             self.next_to_yield += 1
             if last_yield is not None:
-                work = sum(outcome.timings.get(stage, 0.0) for stage in WORK_STAGES)
-                self.handoff.record(now - last_yield, now - entered, work, made_here)
+                self.handoff.record(now - last_yield, now - entered, outcome.timings, made_here)
             last_yield = now
             yield outcome
 
@@ -108,23 +106,30 @@ class EpochRun:
         return self.handoff.to_workers or self.batches[index].lost
 
     def _make_here(self) -> None:
-        batch = self.batches[heapq.heappop(self.to_submit)]
-        batch.task = replace(batch.task, task_id=next(self.task_ids), shm_name=None)
+        batch = self._next_task()
         self._handle(Done(self.pool.run_here(batch.task)))
+
+    def _next_task(self) -> _Batch:
+        """The oldest batch to submit, with a fresh task id (a re-run keeps what its last task learnt)."""
+        batch = self.batches[heapq.heappop(self.to_submit)]
+        task_id = next(self.task_ids)
+        if batch.task is None:
+            batch.task = BatchTask(task_id, self.epoch, batch.spec)
+        else:
+            batch.task = replace(batch.task, task_id=task_id, shm_name=None)
+        return batch
 
     def _fill_window(self) -> None:
         while self.next_to_plan < len(self.plan) and self.next_to_plan - self.next_to_yield < self.prefetch:
             index = self.next_to_plan
             spec = self.plan[index]
-            self.batches[index] = _Batch(spec, BatchTask(-1, self.epoch, spec))
+            self.batches[index] = _Batch(spec)
             heapq.heappush(self.to_submit, index)
             self.next_to_plan += 1
 
     def _submit_ready_tasks(self) -> None:
         while self.to_submit and self._to_worker(self.to_submit[0]) and self.pool.free_slots() > 0:
-            batch = self.batches[heapq.heappop(self.to_submit)]
-            batch.task = replace(batch.task, task_id=next(self.task_ids), shm_name=None)
-            self.pool.submit(batch.task)
+            self.pool.submit(self._next_task().task)
 
     def _handle(self, event) -> None:
         if isinstance(event, Done):
