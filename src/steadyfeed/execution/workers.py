@@ -79,10 +79,10 @@ def lower_priority(niceness: int) -> None:
     Workers make batches ahead of need; the training loop should never wait for the CPU (or
     for the GIL, which the OS hands to whichever waiting thread it runs first) because a
     worker is busy. Lower-priority workers use the cycles the loop leaves and yield them when
-    it wants them: measured on 2 cores, ``model.fit`` steps ran 3-7% faster and the gap
-    between steps shrank by a tenth (``benchmarks/bench_fit.py``). Linux only (per-thread
-    nice values); raising niceness needs no privilege, and where it is refused (a sandbox),
-    workers simply keep the consumer's priority.
+    it wants them (``benchmarks/bench_fit.py`` on 2 cores: with +5, the data wait between
+    ``fit`` steps went from behind Keras ``PyDataset`` threads' to level with it, and steps ran
+    faster; see docs/benchmarks.md). Linux only (per-thread nice values); raising niceness
+    needs no privilege, and where it is refused (a sandbox), workers keep the consumer's.
     """
     if niceness <= 0 or not sys.platform.startswith("linux"):
         return
