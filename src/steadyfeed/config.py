@@ -52,10 +52,12 @@ class LoaderConfig:
         need(self.timeout is None or self.workers > 0,
              "timeout needs workers >= 1: a sample running in the consumer's own thread cannot be interrupted")
         need(0.0 <= self.max_error_fraction <= 1.0, f"max_error_fraction must be in [0, 1], got {self.max_error_fraction}")
-        need(self.inline_when_faster in (None, True, False), f"inline_when_faster must be None, True or False, got {self.inline_when_faster!r}")
+        need(self.inline_when_faster in (None, True, False),
+             f"inline_when_faster must be None, True or False, got {self.inline_when_faster!r}")
         need(not (self.inline_when_faster and self.timeout is not None),
              "inline_when_faster=True cannot go with a timeout: a batch made in the consumer cannot be interrupted")
-        need(not (self.inline_when_faster and self.mode == "ray"), "inline_when_faster is for thread and process mode, not Ray")
+        need(not (self.inline_when_faster and self.mode == "ray"),
+             "inline_when_faster is for thread and process mode, not Ray")
         need(isinstance(self.worker_niceness, int) and 0 <= self.worker_niceness <= 19,
              f"worker_niceness must be an int from 0 (the consumer's priority) to 19, got {self.worker_niceness!r}")
         need(not (self.shuffle and self.sampler is not None), "pass either shuffle=True or a sampler, not both")

@@ -8,11 +8,11 @@ workers at all, so workers must not be a slowdown. :class:`MeasuredHandoff` meas
 both ways and keeps the faster:
 
 1. *with workers*: once the pipeline has filled, ``PROBE_BATCHES`` batches give the
-   mean cycle (time from one batch handed out to the next, the consumer's own work in
-   between included: its inverse is the throughput, so a mean, not a median, whose
-   cycles are bimodal here: most batches are ready, some are waited for), the mean
-   time the consumer spent inside the loader, and the mean time a worker spent
-   making a batch;
+   mean cycle (the time from one batch handed out to the next, the consumer's own work
+   in between included), the mean time the consumer spent inside the loader, and the
+   mean time a worker spent making a batch. Means, not medians: throughput is the
+   inverse of the mean cycle, and these cycles are bimodal (most batches are ready at
+   once, some are waited for), so a median would hide the waits;
 2. when the consumer spends less than a ``GATE_RATIO``-th of a batch's making time
    inside the loader, the workers hide that work and nothing is probed. Otherwise no
    new task goes to the workers; the ones in flight arrive, and the consumer then

@@ -100,7 +100,8 @@ class EpochRun:
 
     def _next_is_mine(self) -> bool:
         """The consumer makes the next batch when no worker has it and it will not go to one."""
-        return bool(self.to_submit) and self.to_submit[0] == self.next_to_yield and not self._to_worker(self.next_to_yield)
+        index = self.next_to_yield
+        return bool(self.to_submit) and self.to_submit[0] == index and not self._to_worker(index)
 
     def _to_worker(self, index: int) -> bool:
         return self.handoff.to_workers or self.batches[index].lost
