@@ -194,3 +194,13 @@ def test_the_recommendation_is_the_fastest_unless_a_cheaper_one_is_within_5_perc
     runs[1] = measured(2, "thread", 940)
     assert recommend(runs).setting == Setting(2, "process")
     assert recommend([Measurement(Setting(1, "thread"), error="SampleError: ...")]) is None
+
+
+def test_the_report_counts_batches_the_consumer_made(spec, capsys, no_leaks):
+    code, report = bench_json(capsys, spec("fast"), "--workers", "0,1", "--modes", "thread", "--max-batches", "6")
+    assert code == 0
+    by_label = {s["label"]: s for s in report["settings"]}
+    assert by_label["inline"]["inline_batches"] == by_label["inline"]["batches"] > 0  # workers=0: all of them
+    assert 0 <= by_label["1 thread"]["inline_batches"] <= by_label["1 thread"]["batches"]
+    code, out, _ = bench(capsys, spec("fast"), "--workers", "0", "--modes", "thread", "--max-batches", "4")
+    assert code == 0 and "made inline" in out and "100%" in out

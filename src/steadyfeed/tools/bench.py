@@ -153,6 +153,7 @@ class Measurement:
     setting: Setting
     error: str | None = None
     batches: int = 0
+    inline_batches: int = 0  # made by the consumer itself (execution/handoff.py)
     samples: int = 0
     seconds: float = 0.0  # wall time of the measured window
     first_batch_seconds: float | None = None  # from starting the epoch, worker start-up included
@@ -193,6 +194,7 @@ class Measurement:
             "ok": self.ok,
             "error": self.error,
             "batches": self.batches,
+            "inline_batches": self.inline_batches,
             "samples": self.samples,
             "seconds": self.seconds,
             "samples_per_second": self.samples_per_second,
@@ -236,6 +238,7 @@ def _window(m: Measurement, start: _Mark, end: _Mark, step_seconds: float) -> No
     m.seconds = end.time - start.time
     m.cpu_seconds = end.cpu - start.cpu
     m.batches = after["batches"] - before["batches"]
+    m.inline_batches = after["inline_batches"] - before["inline_batches"]
     m.samples = after["samples"] - before["samples"]
     for stage in STAGES:
         m.stage_seconds[stage] = after["stage_seconds"].get(stage, 0.0) - before["stage_seconds"].get(stage, 0.0)

@@ -127,12 +127,13 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 
 def _summary_row(s: dict) -> list[str]:
     if not s["ok"]:
-        return [s["label"], "FAILED"] + [""] * 5
+        return [s["label"], "FAILED"] + [""] * 6
     queue = s["queue"]
     first = s["first_batch_seconds"]
+    inline = s["inline_batches"] / s["batches"] if s["batches"] else 0.0
     return [s["label"], f"{s['samples_per_second']:,.0f}", "" if first is None else f"{first:.3f}",
-            f"{queue['fill_mean']:.1f} / {queue['fill_max']} / {queue['prefetch']}", f"{s['cpu_cores']:.2f}",
-            f"{s['peak_rss_bytes'] / BYTES_PER_MB:,.0f}", s["bottleneck"]["kind"]]
+            f"{queue['fill_mean']:.1f} / {queue['fill_max']} / {queue['prefetch']}", f"{inline:.0%}",
+            f"{s['cpu_cores']:.2f}", f"{s['peak_rss_bytes'] / BYTES_PER_MB:,.0f}", s["bottleneck"]["kind"]]
 
 
 def _stage_row(s: dict) -> list[str]:
@@ -148,8 +149,8 @@ def format_report(report: dict) -> str:
     lines = [f"steadyfeed bench: {report['source']}",
              f"batch size {report['batch_size']}, {report['epochs']} epoch(s), {bound} per setting after "
              f"{report['warmup_batches']} warm-up batch(es), consumer step {report['consumer_ms']:g} ms", ""]
-    lines += _table(["setting", "samples/s", "first batch s", "queue mean / max / prefetch", "CPU cores",
-                     "peak RSS MB", "bottleneck"], [_summary_row(s) for s in settings])
+    lines += _table(["setting", "samples/s", "first batch s", "queue mean / max / prefetch", "made inline",
+                     "CPU cores", "peak RSS MB", "bottleneck"], [_summary_row(s) for s in settings])
     stages = settings[0]["stages"]
     side = {where: ", ".join(k for k, v in stages.items() if v["side"] == where) for where in ("workers", "consumer")}
     lines += ["", f"time per stage, seconds and share ({side['workers']}: of worker time, summed over workers; "
@@ -157,6 +158,9 @@ def format_report(report: dict) -> str:
     lines += _table(["setting", *stages], [_stage_row(s) for s in settings])
     if report["read_includes_decode"]:
         lines.append("read includes decoding (no source times it separately)")
+    if any(s["ok"] and s["workers"] and s["inline_batches"] for s in settings):
+        lines.append("made inline: batches the consumer made itself, as it measured that faster than "
+                     "handing them to a worker (inline_when_faster)")
     lines.append("")
     lines += [f"FAILED {s['label']}: {s['error']}" for s in settings if not s["ok"]]
     neck, rec = report["bottleneck"], report["recommendation"]
