@@ -65,11 +65,9 @@ class LoaderConfig:
 
     @property
     def makes_batches_inline(self) -> bool:
-        """Whether the consumer may make a batch itself when that measures faster than handing
-        it to a worker (``execution/handoff.py``). Unset: yes, in thread and process mode
-        without a timeout (a batch made in the consumer cannot be interrupted)."""
-        if self.workers == 0:
-            return True
+        """With workers: whether the consumer may make a batch itself when that measures faster
+        than handing it to a worker (``execution/handoff.py``). Unset: yes, in thread and process
+        mode without a timeout (a batch made in the consumer cannot be interrupted)."""
         if self.inline_when_faster is None:
             return self.mode != "ray" and self.timeout is None
         return self.inline_when_faster

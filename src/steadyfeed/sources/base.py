@@ -103,6 +103,18 @@ def read_columns(source: Any, ids: Sequence[int]) -> dict[str, np.ndarray] | Non
     return dict(columns)
 
 
+def pread_fully(fd: int, view: memoryview, offset: int) -> int:
+    """Fill ``view`` from byte ``offset`` of ``fd`` (a read may return less after a signal);
+    returns how many bytes were missing at the end of the file, 0 when ``view`` is full.
+    ``pread`` keeps threads off any shared file position."""
+    while view:
+        got = os.preadv(fd, [view], offset)
+        if got == 0:
+            return len(view)
+        view, offset = view[got:], offset + got
+    return 0
+
+
 def split_rows(columns: Mapping[str, np.ndarray]) -> list[dict]:
     """Stacked columns as one dict per sample (views, no copies): ``read_many`` from ``read_batch``."""
     count = len(next(iter(columns.values()))) if columns else 0

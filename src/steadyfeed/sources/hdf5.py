@@ -38,7 +38,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import DataError
-from .base import LazyHandles, file_fingerprint, split_rows
+from .base import LazyHandles, file_fingerprint, pread_fully, split_rows
 
 try:
     import h5py
@@ -138,20 +138,11 @@ class Hdf5Source:
             # consecutive ids go straight into the output; ids a few rows apart share a read of their span
             span = None if last - start + 1 == b - a else np.empty((last - start + 1, rb), np.uint8)
             view = flat[a * rb:b * rb] if span is None else memoryview(span.reshape(-1))
-            if os.preadv(fd, [view], offsets[a]) != len(view):  # rare: a short read
-                self._pread_fully(name, fd, view, offsets[a], start, last)
+            if os.preadv(fd, [view], offsets[a]) != len(view) and pread_fully(fd, view, offsets[a]):  # rare
+                raise DataError(f"{self.path}: rows {start}..{last} of dataset {self.keys[name]} "
+                                f"end past the end of the file (truncated since it was opened?)")
             if span is not None:
                 out[a:b] = span[ids[a:b] - start]
-
-    def _pread_fully(self, name: str, fd: int, view: memoryview, offset: int, first: int, last: int) -> None:
-        """Fill ``view`` from byte ``offset`` of the file (rows ``first..last`` of dataset ``name``)
-        whatever it takes: a read may return less after a signal, or when the file shrank."""
-        while view:
-            got = os.preadv(fd, [view], offset)
-            if got == 0:
-                raise DataError(f"{self.path}: rows {first}..{last} of dataset {self.keys[name]} "
-                                f"end past the end of the file (truncated since it was opened?)")
-            view, offset = view[got:], offset + got
 
     def _read_hdf5_rows(self, name: str, ds, ids: np.ndarray) -> np.ndarray:
         """Rows ``ids`` (sorted, unique) of one dataset, with one HDF5 read per span of nearby ids.

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import DataError
-from .base import LazyHandles, MappedFile, file_fingerprint
+from .base import LazyHandles, MappedFile, file_fingerprint, pread_fully
 
 _FIRST_READ = 256  # np.save pads headers to 64 bytes: 128 for ordinary dtypes and shapes
 _LENGTH_FIELD = {(1, 0): "<H", (2, 0): "<I"}  # how each version stores its header length
@@ -91,13 +91,11 @@ def npy_layout(fd: int, path: str) -> _Layout:
 
 
 def _read_into(fd: int, out: np.ndarray, offset: int, path: str) -> None:
-    """Fill ``out`` with the file's bytes from ``offset``; pread keeps threads off any shared position."""
-    view = memoryview(out.reshape(-1, order="A").view(np.uint8))
-    while view:
-        n = os.preadv(fd, [view], offset)
-        if n == 0:
-            raise DataError(f"{path}: file shrank while being read ({len(view)} bytes missing at offset {offset})")
-        view, offset = view[n:], offset + n
+    """Fill ``out`` with the file's bytes from ``offset``."""
+    missing = pread_fully(fd, memoryview(out.reshape(-1, order="A").view(np.uint8)), offset)
+    if missing:
+        raise DataError(f"{path}: file shrank while being read ({missing} bytes missing at offset "
+                        f"{offset + out.nbytes - missing})")
 
 
 def _read_stack(paths: list[str]) -> np.ndarray:
