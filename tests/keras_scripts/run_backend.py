@@ -398,7 +398,26 @@ def torch_extras() -> dict:
     loader.close()
     os.environ.update(RANK="2", WORLD_SIZE="4")
     out["shard_env"] = shard_from_torch()
+    out.update(keras_step_arrays())
     return out
+
+
+def keras_step_arrays() -> dict:
+    """What a Keras step gets from KerasDataset on torch: zero-copy tensors, numpy where Keras converts."""
+    from steadyfeed.integration.keras_dataset import _backend_arrays
+
+    loader = sf.Loader(train_source(), BATCH, workers=2)
+    dataset = loader.as_keras()
+    dataset.on_epoch_begin()
+    step = dataset[0]
+    dataset.on_epoch_end()
+    loader.close()
+    writable, frozen = np.ones(3, np.float32), np.ones(3, np.float32)
+    frozen.flags.writeable = False
+    tensor, (wide, kept), named = _backend_arrays()((writable, (np.ones(3, np.uint32), frozen), {"a": writable}))
+    return {"keras_step_types": [type(v).__name__ for v in step],
+            "keras_zero_copy": tensor.data_ptr() == named["a"].data_ptr() == writable.ctypes.data,
+            "keras_kept_numpy": [type(wide).__name__, type(kept).__name__]}
 
 
 class _nullcontext:

@@ -22,6 +22,12 @@ Guarantees (TensorFlow, JAX and PyTorch backends):
   and PyTorch; on TF the generator runs in a tf.data thread and TF re-raises it as
   ``tf.errors.UnknownError`` carrying its message; the original is ``dataset.last_error``.
 
+On the PyTorch backend the arrays reach Keras as ``torch.from_numpy`` tensors sharing the
+freshly allocated batch memory: Keras's own conversion of a numpy batch copies it
+(``np.array(x)``) in the training thread, between two steps, where every microsecond is
+device idle time. Dtypes Keras converts specially (``uint32``, ``bfloat16``) and read-only
+arrays stay numpy and take Keras's path.
+
 ``loader.state_dict()`` counts batches *handed to Keras*; on TF, ``tf.data`` prefetch pulls
 ahead of training. ``LoaderCheckpoint`` counts batches *trained*.
 """
@@ -30,9 +36,10 @@ from __future__ import annotations
 import threading
 import warnings
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import keras
+import numpy as np
 
 from ..errors import DataError
 from . import keras_hooks
@@ -71,6 +78,31 @@ class _Epoch:
         self._batches.close()  # cut short: stops the workers, the cursor stays at the next unserved batch
 
 
+# the dtypes that torch.from_numpy takes and Keras's torch backend converts unchanged
+_TORCH_AS_IS = frozenset(np.dtype(t) for t in (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64,
+                                                 np.float16, np.float32, np.float64))
+
+
+def _backend_arrays() -> Callable[[Any], Any]:
+    """What turns a Keras step's structure of numpy arrays into the backend's own arrays,
+    where that saves Keras a copy: zero-copy tensors on PyTorch, the identity elsewhere."""
+    if keras.backend.backend() != "torch":
+        return lambda structure: structure
+    import torch
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            keep = value.dtype not in _TORCH_AS_IS or not value.flags.writeable
+            return value if keep else torch.from_numpy(value)
+        if isinstance(value, tuple):
+            return tuple(convert(v) for v in value)
+        if isinstance(value, dict):
+            return {k: convert(v) for k, v in value.items()}
+        return value
+
+    return convert
+
+
 class KerasDataset(keras.utils.PyDataset):
     """A :class:`~steadyfeed.Loader` for ``model.fit`` / ``evaluate`` / ``predict``.
 
@@ -92,6 +124,7 @@ class KerasDataset(keras.utils.PyDataset):
         self._quiet: warnings.catch_warnings | None = None
         self.last_error: Exception | None = None  # the last loader error raised to Keras
         self._checked = weakref.WeakSet()  # models this dataset's batches were checked against
+        self._to_backend = _backend_arrays()
 
     # -- what Keras asks -----------------------------------------------------------------
     def __len__(self) -> int:
@@ -111,7 +144,7 @@ class KerasDataset(keras.utils.PyDataset):
         with self._lock:
             epoch = self._epoch
             if epoch is None:  # shapes only: a signature read or the build probe
-                return self.layout.to_keras(peek_any(self.loader, index))
+                return self._to_backend(self.layout.to_keras(peek_any(self.loader, index)))
             try:
                 batch = epoch.next()  # inside an epoch Keras's (possibly shuffled) index is ignored
             except Exception as error:
@@ -119,7 +152,7 @@ class KerasDataset(keras.utils.PyDataset):
                 raise
             position = epoch.start + epoch.served - 1
         self.on_batch(batch, epoch.epoch, position)
-        return self.layout.to_keras(batch)
+        return self._to_backend(self.layout.to_keras(batch))
 
     def on_epoch_begin(self) -> None:
         self._end_epoch()  # one Keras left open (an exception or stop_training in a previous fit)
