@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pickle
 import queue
+import selectors
 import time
 from dataclasses import dataclass
-from multiprocessing.connection import wait as wait_any
 
 from . import shm
 from .batch import run_batch
@@ -164,26 +164,31 @@ class ProcessPool(_WorkerPool):
         self._mp = process_context()
         self._token = shm.owner_token()
         self._slots = shm.ConsumerSlots()
+        # one selector for the life of the pool, on every worker's pipe and sentinel: a poll
+        # between two training steps is then one epoll_wait, not a selector built anew
+        self._selector = selectors.DefaultSelector()
+        self._watched: dict[int, tuple[int, int]] = {}  # wid -> the fds registered for it
         super().__init__(ctx, size, timeout)
 
     def _new_worker(self, wid: int) -> ProcessWorker:
-        return ProcessWorker(wid, self.ctx, self._mp, self._token, slots=TASKS_PER_WORKER)
+        worker = ProcessWorker(wid, self.ctx, self._mp, self._token, slots=TASKS_PER_WORKER)
+        # registered by fd number, so that unregistering still works once the worker has closed them
+        self._watched[wid] = (worker.conn.fileno(), worker.sentinel)
+        for fd, kind in zip(self._watched[wid], ("conn", "sentinel")):
+            self._selector.register(fd, selectors.EVENT_READ, (wid, kind))
+        return worker
 
     def _prepare(self, task: BatchTask, worker: ProcessWorker) -> None:
         task.shm_name = worker.free_slot_name()
 
     def _collect(self, timeout: float) -> list:
-        by_handle = {}
-        for wid, worker in self.workers.items():
-            by_handle[worker.conn] = wid
-            by_handle[worker.sentinel] = wid
         events = []
-        for handle in wait_any(list(by_handle), timeout):
-            wid = by_handle[handle]
+        for key, _ in self._selector.select(timeout):
+            wid, kind = key.data
             worker = self.workers.get(wid)
-            if worker is None:
+            if worker is None:  # lost earlier in this loop: its other handle is stale
                 continue
-            if handle is worker.conn:
+            if kind == "conn":
                 events.extend(self._receive(wid, worker))
             elif not worker.alive() and wid in self.workers:
                 events.append(self._lose(wid, "died", f"worker process exited with code {worker.process.exitcode}"))
@@ -205,7 +210,13 @@ class ProcessPool(_WorkerPool):
         return events
 
     def _after_stop(self, worker: ProcessWorker) -> None:
+        for fd in self._watched.pop(worker.wid):  # before a new worker can be given the same fd numbers
+            self._selector.unregister(fd)
         self._slots.discard(worker.slot_names)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self._selector.close()
 
 
 def make_pool(mode: str, workers: int, ctx: WorkContext, timeout: float | None):
