@@ -3,10 +3,12 @@ bottleneck and recommendation rules on constructed measurements."""
 import json
 import textwrap
 
+import numpy as np
 import pytest
 
+from steadyfeed import ArraySource, Loader
 from steadyfeed.tools import plots
-from steadyfeed.tools.bench import Measurement, Setting, diagnose, gil_limited, recommend
+from steadyfeed.tools.bench import WARMUP_WHILE_DECIDING, Measurement, Setting, diagnose, gil_limited, measure, recommend
 from steadyfeed.tools.bench_command import format_report
 from steadyfeed.tools.cli import main
 
@@ -194,6 +196,19 @@ def test_the_recommendation_is_the_fastest_unless_a_cheaper_one_is_within_5_perc
     runs[1] = measured(2, "thread", 940)
     assert recommend(runs).setting == Setting(2, "process")
     assert recommend([Measurement(Setting(1, "thread"), error="SampleError: ...")]) is None
+
+
+def test_the_window_opens_once_the_loader_has_decided_who_makes_batches(no_leaks):
+    x = np.arange(2000 * 4, dtype=np.float32).reshape(2000, 4)
+    loader = Loader(ArraySource(x=x, y=x.sum(axis=1)), 8)  # 250 batches
+    m = measure(loader, Setting(2, "thread"), max_batches=40)
+    # cheap batches: the loader probes making them itself (some dozens of batches) first; the
+    # window holds only what it decided, all made one way, never the probe's mix
+    assert m.ok and m.batches == 40 and 2 < m.warmup_batches <= 2 + WARMUP_WHILE_DECIDING
+    assert m.inline_batches in (0, m.batches)
+    quick = measure(Loader(ArraySource(x=x[:160], y=x[:160, 0]), 8), Setting(2, "thread"))
+    assert quick.ok and quick.warmup_batches <= 2 + (20 - 2) // 2  # a short epoch keeps half for the window
+    assert measure(loader, Setting(2, "thread"), warmup=0, max_batches=4).warmup_batches == 0
 
 
 def test_the_report_counts_batches_the_consumer_made(spec, capsys, no_leaks):

@@ -135,6 +135,16 @@ def test_which_handoff_a_configuration_gets(kwargs, expected):
     assert (type(handoff), handoff.to_workers) == expected
 
 
+def test_the_loader_says_who_makes_its_batches():
+    assert Loader(paired_source(8), 4).handoff == "inline"  # workers=0
+    assert Loader(paired_source(8), 4, workers=2, inline_when_faster=False).handoff == "workers"
+    with Loader(paired_source(400), 4, workers=1) as loader:
+        assert loader.handoff == loader.stats()["handoff"] == "deciding"  # nothing measured yet
+        states = [loader.handoff for _ in loader]
+    decided = states.index(next(s for s in states if s != "deciding"))
+    assert 0 < decided < 100 and set(states[decided:]) <= {"inline", "workers"}  # decided once, and kept
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(workers=2, timeout=1.0, inline_when_faster=True), "cannot be interrupted"),
     (dict(workers=2, mode="ray", inline_when_faster=True), "not Ray"),
@@ -147,6 +157,8 @@ def test_contradicting_options_are_refused(kwargs, match):
 # -- the loader with a scripted handoff ------------------------------------------------------
 class ScriptedHandoff:
     """Flips between workers and consumer on a fixed pattern of batch counts."""
+
+    deciding = False
 
     def __init__(self, pattern):
         self.pattern, self.count, self.to_workers = list(pattern), 0, bool(pattern[0])

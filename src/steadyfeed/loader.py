@@ -91,7 +91,7 @@ class Loader:
         self._cursor = (0, 0)  # (epoch, next batch index)
         self._cached_plan: tuple = (None, None)
         self._pool = None
-        self._handoff = None  # who makes each batch; measured anew with each new pool
+        self._handoff = make_handoff(self.config)  # who makes each batch; measured anew with each new pool
         self._task_ids = itertools.count()
         self._active = threading.Lock()  # one epoch at a time
         self._closed = False
@@ -249,7 +249,17 @@ class Loader:
         return self._quarantine.report()
 
     def stats(self) -> dict:
-        return self._stats.as_dict()
+        """What the loader measured about itself (``stats.py``), and ``"handoff"``."""
+        return {**self._stats.as_dict(), "handoff": self.handoff}
+
+    @property
+    def handoff(self) -> str:
+        """Who makes batches now: ``"workers"``, ``"inline"`` (the consumer: ``workers=0``, or
+        batches cheaper to make than to hand over) or ``"deciding"`` (measuring both ways,
+        ``execution/handoff.py``)."""
+        if self._handoff.deciding:
+            return "deciding"
+        return "workers" if self._handoff.to_workers else "inline"
 
     # -- resume ---------------------------------------------------------------------------
     def _fingerprint(self) -> dict:

@@ -54,6 +54,8 @@ class FixedHandoff:
     """Always the same way: ``workers=0`` (the consumer makes every batch), or a pool that
     must keep every batch in its workers (a ``timeout``, Ray, or the option turned off)."""
 
+    deciding = False
+
     def __init__(self, to_workers: bool):
         self.to_workers = to_workers
 
@@ -73,6 +75,11 @@ class MeasuredHandoff:
     def __init__(self, settle: int):
         self.settle = settle  # batches to skip after (re)starting workers: the pipeline is filling
         self._start_measuring()
+
+    @property
+    def deciding(self) -> bool:
+        """Measuring or probing: batches now may be made either way, at either speed."""
+        return self._phase in ("measure", "probe")
 
     def pin_to_workers(self) -> None:
         """A worker was lost: from now on every batch is made by a worker."""

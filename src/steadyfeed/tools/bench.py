@@ -13,7 +13,11 @@ What is guaranteed:
 * a setting that raises (a ``SampleError``, a worker that cannot start, ...) is recorded
   with its error and the remaining settings still run;
 * the first ``warmup`` batches (worker start-up included) are left out of throughput,
-  stage times, queue fill and CPU; the latency of the first batch, start-up included,
+  stage times, queue fill and CPU, and so are the batches after them while the loader
+  still decides who makes batches (``Loader.handoff == "deciding"``: it measures workers
+  against the consumer making them, ~70 batches), up to ``WARMUP_WHILE_DECIDING`` more and
+  never more than half of what is left (``Measurement.warmup_batches`` says how many);
+  ``warmup=0`` measures everything. The latency of the first batch, start-up included,
   is reported on its own (``first_batch_seconds``);
 * the figures come from ``loader.stats()``, the loader's own measurements, plus psutil
   for CPU time and peak resident memory of this process and its worker processes.
@@ -47,6 +51,7 @@ PRODUCER_BOUND_WAIT = 0.5  # the consumer waits at least half the time: the load
 CONSUMER_BOUND_WAIT = 0.1  # the consumer almost never waits: its own step limits training
 GIL_MIN_SPEEDUP = 1.3  # more thread workers that gain less than this ...
 GIL_MAX_CORES = 1.2  # ... while using under this many cores are held back by the GIL
+WARMUP_WHILE_DECIDING = 200  # at most this many more warm-up batches while the loader decides who makes them
 
 
 # -- the grid -------------------------------------------------------------------------------
@@ -159,6 +164,7 @@ class Measurement:
     first_batch_seconds: float | None = None  # from starting the epoch, worker start-up included
     stage_seconds: dict = field(default_factory=lambda: dict.fromkeys(WORKER_SIDE + CONSUMER_SIDE, 0.0))
     prefetch: int = 0
+    warmup_batches: int = 0  # left out: the warm-up asked for, plus any while the loader was deciding
     fill_mean: float = 0.0
     fill_max: int = 0
     timeline: list = field(default_factory=list)  # (seconds since the setting started, batches ready)
@@ -195,6 +201,7 @@ class Measurement:
             "error": self.error,
             "batches": self.batches,
             "inline_batches": self.inline_batches,
+            "warmup_batches": self.warmup_batches,
             "samples": self.samples,
             "seconds": self.seconds,
             "samples_per_second": self.samples_per_second,
@@ -257,7 +264,7 @@ def measure(loader, setting: Setting, *, epochs: int = 1, max_batches: int | Non
     setting (the error is in ``Measurement.error``; an ``Exception`` from ``on_batch`` counts
     as one too, a ``KeyboardInterrupt`` stops the run).
 
-    Takes up to ``warmup + max_batches`` batches (``max_batches=None``: no bound) from
+    Takes up to ``max_batches`` batches after the warm-up (``max_batches=None``: no bound) from
     ``epochs`` epochs, sleeping ``consumer_ms`` after each to stand in for a training step.
     """
     m = Measurement(setting)
@@ -277,6 +284,10 @@ def measure(loader, setting: Setting, *, epochs: int = 1, max_batches: int | Non
 
 def _drive(variant, m: Measurement, *, epochs, max_batches, warmup, consumer_ms, on_batch) -> None:
     start = _mark(variant) if warmup == 0 else None
+    # After `warmup` batches the window opens once the loader has decided who makes batches
+    # (its first decision measures both ways, ~70 batches), but at the latest where half of
+    # what is left remains to be measured.
+    latest = warmup + min(WARMUP_WHILE_DECIDING, max(0, epochs * len(variant) - warmup) // 2)
     taken, step_seconds = 0, 0.0
     begun = time.perf_counter()  # workers start on the first request, so their start-up is in the latency
     with contextlib.closing(_epochs(variant, epochs)) as batches:  # closing stops the workers early
@@ -290,12 +301,13 @@ def _drive(variant, m: Measurement, *, epochs, max_batches, warmup, consumer_ms,
                 if start is not None:  # a warm-up batch's step is not in the window
                     step_seconds += time.perf_counter() - t0
             on_batch(m.setting)
-            if taken == warmup:
+            if start is None and taken >= warmup and (taken >= latest or variant.handoff != "deciding"):
                 start = _mark(variant)
-            if max_batches and taken - warmup >= max_batches:
+                m.warmup_batches = taken
+            if max_batches and start is not None and taken - m.warmup_batches >= max_batches:
                 break
         end = _mark(variant)  # before closing: stopping the workers is not part of the window
-    if start is None or taken <= warmup:
+    if start is None or taken <= m.warmup_batches:
         raise ValueError(f"only {taken} batch(es) in {epochs} epoch(s), none left after {warmup} warm-up "
                          "batch(es): lower warmup or run more epochs")
     _window(m, start, end, step_seconds)

@@ -73,7 +73,8 @@ def add_arguments(parser) -> None:
     run.add_argument("--max-batches", type=_at_least(0), default=100, metavar="N",
                      help="measured batches per setting, after warm-up (default %(default)s; 0: whole epochs)")
     run.add_argument("--warmup", type=_at_least(0), default=2, metavar="N",
-                     help="batches left out of the measurements (default %(default)s); first-batch latency, "
+                     help="batches left out of the measurements (default %(default)s), and after them any while "
+                          "the loader decides whether workers or the consumer make batches; first-batch latency, "
                           "worker start-up included, is reported on its own")
     run.add_argument("--consumer-ms", type=_at_least(0, float), default=0.0, metavar="MS",
                      help="sleep MS after each batch, standing in for a training step (default 0)")
@@ -101,17 +102,21 @@ def run(args) -> int:
 
 
 def _run_grid(loader, settings, args) -> benchmark.Report:
-    per_setting = args.epochs * len(loader)
+    per_setting = args.epochs * len(loader)  # at most; a setting may stop earlier (see bench._drive)
     if args.max_batches:
-        per_setting = min(per_setting, args.warmup + args.max_batches)
-    shown = None
+        per_setting = min(per_setting, args.warmup + benchmark.WARMUP_WHILE_DECIDING + args.max_batches)
+    shown, done = None, 0
     with progress_bar(per_setting * len(settings), "bench", unit=" batches", enabled=args.progress) as bar:
         def on_batch(setting: benchmark.Setting) -> None:
-            nonlocal shown
+            nonlocal shown, done
             if shown != setting:  # redrawn once per setting: a fast one may never reach tqdm's own refresh
                 shown = setting
                 bar.set_description(f"bench {setting.label}")
+                start = settings.index(setting) * per_setting  # past what the last setting did not use
+                bar.update(max(0, start - done))
+                done = max(done, start)
             bar.update()
+            done += 1
 
         return benchmark.bench(loader, settings, epochs=args.epochs, max_batches=args.max_batches or None,
                                warmup=args.warmup, consumer_ms=args.consumer_ms, on_batch=on_batch)
@@ -148,7 +153,8 @@ def format_report(report: dict) -> str:
     bound = f"{report['max_batches']} batches" if report["max_batches"] else "whole epochs"
     lines = [f"steadyfeed bench: {report['source']}",
              f"batch size {report['batch_size']}, {report['epochs']} epoch(s), {bound} per setting after "
-             f"{report['warmup_batches']} warm-up batch(es), consumer step {report['consumer_ms']:g} ms", ""]
+             f"{report['warmup_batches']} warm-up batch(es) (and any while the loader decided who makes batches: "
+             f"warmup_batches in --json), consumer step {report['consumer_ms']:g} ms", ""]
     lines += _table(["setting", "samples/s", "first batch s", "queue mean / max / prefetch", "made inline",
                      "CPU cores", "peak RSS MB", "bottleneck"], [_summary_row(s) for s in settings])
     stages = settings[0]["stages"]
