@@ -8,19 +8,11 @@ import pytest
 
 from steadyfeed.execution import shm
 
+from helpers import child_processes
+
 
 def _our_children():
-    me = psutil.Process()
-    out = []
-    for child in me.children(recursive=True):
-        try:
-            # Python's own resource tracker is one per interpreter, started by multiprocessing itself
-            if "resource_tracker" in " ".join(child.cmdline()):
-                continue
-        except psutil.Error:
-            continue
-        out.append(child.pid)
-    return out
+    return [child.pid for child in child_processes()]
 
 
 def _our_segments():

@@ -13,6 +13,21 @@ from steadyfeed import ArraySource
 HANG_SECONDS = 30.0
 
 
+def child_processes() -> list:
+    """This process's children (psutil), without Python's own resource tracker (one per
+    interpreter, started by multiprocessing itself): the worker processes."""
+    import psutil
+
+    out = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" not in " ".join(child.cmdline()):
+                out.append(child)
+        except psutil.Error:
+            continue
+    return out
+
+
 def label_of(x: np.ndarray) -> np.ndarray:
     """The label is a function of the input, so a batch proves its pairs are intact."""
     axes = tuple(range(1, x.ndim))

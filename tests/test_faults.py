@@ -18,7 +18,7 @@ import pytest
 
 from steadyfeed import Loader, SampleError, SampleTimeout, TooManyErrors, WorkerDied
 
-from helpers import FaultySource, Unpicklable, assert_paired, failing_transform, paired_source
+from helpers import FaultySource, Unpicklable, assert_paired, child_processes, failing_transform, paired_source
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -146,7 +146,7 @@ def test_worker_sigkilled_from_outside_mid_epoch(marker_dir, no_leaks):
         for i, batch in enumerate(loader):
             ids.append(batch["id"])
             if i == 1:
-                victim = psutil.Process().children()[-1]
+                victim = child_processes()[0]  # a worker: never Python's resource tracker (pids wrap)
                 os.kill(victim.pid, signal.SIGKILL)
         assert_exactly_once_except(np.concatenate(ids), set())
 

@@ -5,7 +5,8 @@ figures behind ``steadyfeed bench`` and the Keras monitor come from the real loa
 not from a separately instrumented copy.
 
 Stage times are summed over workers (``read``, ``transform``, ``collate`` in the
-workers; ``transport``, copying a batch out of shared memory, in the consumer), so
+workers; ``transport``, copying a batch out of shared memory, in the consumer's
+process: by its receiver thread in process mode, in its own thread with Ray), so
 with N workers they can add up to N times the wall time. ``wait_seconds`` is the
 consumer's time blocked waiting for the next batch: the training loop's idle time.
 """

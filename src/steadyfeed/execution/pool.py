@@ -8,18 +8,18 @@ Death is seen at once through process sentinels; timeouts within a poll interval
 """
 from __future__ import annotations
 
-import pickle
 import queue
-import selectors
 import time
 from dataclasses import dataclass
 
 from . import shm
 from .batch import run_batch
+from .receiver import ResultReceiver
 from .task import BatchResult, BatchTask, StatusSlot, WorkContext
 from .workers import ProcessWorker, ThreadWorker, process_context
 
 TASKS_PER_WORKER = 2  # one running, one queued behind it, so no worker idles between tasks
+EXIT_SECONDS = 0.5  # how long a worker whose pipe closed gets to show its exit code
 
 
 @dataclass
@@ -129,13 +129,12 @@ class _WorkerPool(InlinePool):
             self._after_stop(worker)
 
 
-class ThreadPool(_WorkerPool):
-    def __init__(self, ctx: WorkContext, size: int, timeout: float | None):
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        super().__init__(ctx, size, timeout)
+class _OutboxPool(_WorkerPool):
+    """Workers whose news arrives on one queue, ``self._outbox`` (made by the subclass before
+    its workers start): ``("done", wid, result)``, ``("died", wid, detail)``. Waiting for
+    news is one blocking ``get``, not a poll."""
 
-    def _new_worker(self, wid: int) -> ThreadWorker:
-        return ThreadWorker(wid, self.ctx, self._outbox)
+    _outbox: queue.SimpleQueue
 
     def _collect(self, timeout: float) -> list:
         if timeout <= 0 and self._outbox.empty():
@@ -150,73 +149,61 @@ class ThreadPool(_WorkerPool):
             return events
 
     def _handle(self, kind: str, wid: int, payload) -> list:
+        if kind == "crashed":
+            raise RuntimeError(f"steadyfeed bug: the thread receiving worker results failed:\n{payload}")
         worker = self.workers.get(wid)
         if worker is None:  # an abandoned worker finished late: its tasks were already re-run
             return []
         if kind == "died":
-            return [self._lose(wid, "died", payload)]
+            return [self._lose(wid, "died", self._death_detail(worker, payload))]
         worker.outstanding.pop(payload.task_id, None)
         return [Done(payload)]
 
+    def _death_detail(self, worker, detail: str) -> str:
+        return detail
 
-class ProcessPool(_WorkerPool):
+
+class ThreadPool(_OutboxPool):
+    def __init__(self, ctx: WorkContext, size: int, timeout: float | None):
+        self._outbox = queue.SimpleQueue()
+        super().__init__(ctx, size, timeout)
+
+    def _new_worker(self, wid: int) -> ThreadWorker:
+        return ThreadWorker(wid, self.ctx, self._outbox)
+
+
+class ProcessPool(_OutboxPool):
+    """Worker processes; their results come in through a receiver thread (``receiver.py``)
+    that copies each batch out of shared memory before the consumer asks for it."""
+
     def __init__(self, ctx: WorkContext, size: int, timeout: float | None):
         self._mp = process_context()
         self._token = shm.owner_token()
         self._slots = shm.ConsumerSlots()
-        # one selector for the life of the pool, on every worker's pipe and sentinel: a poll
-        # between two training steps is then one epoll_wait, not a selector built anew
-        self._selector = selectors.DefaultSelector()
-        self._watched: dict[int, tuple[int, int]] = {}  # wid -> the fds registered for it
+        self._outbox = queue.SimpleQueue()
+        self._receiver = ResultReceiver(self._slots, self._outbox, ctx.niceness)
         super().__init__(ctx, size, timeout)
 
     def _new_worker(self, wid: int) -> ProcessWorker:
         worker = ProcessWorker(wid, self.ctx, self._mp, self._token, slots=TASKS_PER_WORKER)
-        # registered by fd number, so that unregistering still works once the worker has closed them
-        self._watched[wid] = (worker.conn.fileno(), worker.sentinel)
-        for fd, kind in zip(self._watched[wid], ("conn", "sentinel")):
-            self._selector.register(fd, selectors.EVENT_READ, (wid, kind))
+        self._receiver.watch(wid, worker.conn, worker.sentinel)
         return worker
 
     def _prepare(self, task: BatchTask, worker: ProcessWorker) -> None:
         task.shm_name = worker.free_slot_name()
 
-    def _collect(self, timeout: float) -> list:
-        events = []
-        for key, _ in self._selector.select(timeout):
-            wid, kind = key.data
-            worker = self.workers.get(wid)
-            if worker is None:  # lost earlier in this loop: its other handle is stale
-                continue
-            if kind == "conn":
-                events.extend(self._receive(wid, worker))
-            elif not worker.alive() and wid in self.workers:
-                events.append(self._lose(wid, "died", f"worker process exited with code {worker.process.exitcode}"))
-        return events
-
-    def _receive(self, wid: int, worker: ProcessWorker) -> list:
-        events = []
-        try:
-            while worker.conn.poll():
-                result: BatchResult = worker.conn.recv()
-                task = worker.outstanding.pop(result.task_id)
-                if result.layout is not None:
-                    t0 = time.perf_counter()
-                    result.arrays = self._slots.receive(task.shm_name, result.layout)
-                    result.timings["transport"] = time.perf_counter() - t0
-                events.append(Done(result))
-        except (EOFError, OSError, pickle.UnpicklingError):
-            events.append(self._lose(wid, "died", f"worker process exited with code {worker.process.exitcode}"))
-        return events
+    def _death_detail(self, worker: ProcessWorker, detail: str) -> str:
+        if worker.process.exitcode is None:  # its pipe closed a moment before its exit shows
+            worker.process.join(EXIT_SECONDS)
+        code = worker.process.exitcode
+        return detail if code is None else f"worker process exited with code {code}"
 
     def _after_stop(self, worker: ProcessWorker) -> None:
-        for fd in self._watched.pop(worker.wid):  # before a new worker can be given the same fd numbers
-            self._selector.unregister(fd)
         self._slots.discard(worker.slot_names)
 
     def shutdown(self) -> None:
         super().shutdown()
-        self._selector.close()
+        self._receiver.stop()
 
 
 def make_pool(mode: str, workers: int, ctx: WorkContext, timeout: float | None):

@@ -3,9 +3,9 @@
 Each worker process owns a few *slots*: segments named by the consumer
 (``slot_name``) and reused from batch to batch, so a batch costs no segment creation,
 no page faults on fresh memory and no unlink. The consumer tells the worker which slot
-to write for each task, never one that holds a batch not yet copied out; it copies
-the arrays out into fresh memory (a batch is never a buffer that is reused later) as
-soon as the result arrives. A slot grows (unlink, then create bigger under the same
+to write for each task, never one that holds a batch not yet copied out; its receiver
+thread (``receiver.py``) copies the arrays out into fresh memory (a batch is never a
+buffer that is reused later) as soon as the result arrives. A slot grows (unlink, then create bigger under the same
 name) when a batch does not fit; the consumer notices by size and re-attaches.
 
 Because the consumer knows every slot name, it unlinks them all when a worker stops
@@ -14,6 +14,7 @@ or dies: no segment outlives the loader.
 from __future__ import annotations
 
 import os
+import threading
 from multiprocessing import shared_memory
 
 import numpy as np
@@ -92,19 +93,25 @@ class ConsumerSlots:
 
     def __init__(self):
         self._attached: dict[str, shared_memory.SharedMemory] = {}
+        self._lock = threading.Lock()  # receive runs in the receiver thread, discard in the consumer's
 
     def receive(self, name: str, layout: list) -> dict[str, np.ndarray]:
         """Copy a batch out of its slot into fresh arrays."""
         need = _end(layout)
-        segment = self._attached.get(name)
-        if segment is None or segment.size < need:  # first use, or the worker grew the slot
-            if segment is not None:
-                segment.close()
-            segment = self._attached[name] = shared_memory.SharedMemory(name=name)
-        return {key: view.copy() for key, view in _views(segment, layout).items()}
+        with self._lock:
+            segment = self._attached.get(name)
+            if segment is None or segment.size < need:  # first use, or the worker grew the slot
+                if segment is not None:
+                    segment.close()
+                segment = self._attached[name] = shared_memory.SharedMemory(name=name)
+            return {key: view.copy() for key, view in _views(segment, layout).items()}
 
     def discard(self, names) -> None:
         """Detach and unlink slots whose worker stopped or died (whether or not they exist)."""
+        with self._lock:
+            self._discard(names)
+
+    def _discard(self, names) -> None:
         for name in names:
             segment = self._attached.pop(name, None)
             if segment is not None:

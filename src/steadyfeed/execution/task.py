@@ -60,7 +60,8 @@ class BatchResult:
     arrays: dict[str, np.ndarray] | None  # None: no rows (every sample failed) or shipped via shm
     failures: list[SampleFailure]
     timings: dict[str, float]
-    layout: list | None = None  # process mode: where each array lies in the shared segment
+    layout: list | None = None  # process mode: where each array lies in the shared segment ...
+    shm_name: str | None = None  # ... and which segment (the task's slot)
 
 
 class StatusSlot:

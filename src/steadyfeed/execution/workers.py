@@ -110,6 +110,7 @@ def _process_main(conn, status_name: str, ctx: WorkContext) -> None:
             allocate = slots.allocator(task.shm_name)
             result = run_batch(task, ctx, status, allocate=allocate)
             result.layout, result.arrays = (allocate.layout if result.arrays is not None else None), None
+            result.shm_name = task.shm_name
             conn.send(portable(result))
     finally:
         del status

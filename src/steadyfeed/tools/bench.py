@@ -23,9 +23,9 @@ What is guaranteed:
   for CPU time and peak resident memory of this process and its worker processes.
 
 Stage times: ``read``, ``transform`` and ``collate`` are summed over workers (their share
-is of total worker time); ``transport`` (copying a batch out of shared memory), ``wait``
-(the consumer blocked on the next batch) and ``step`` (the simulated training step,
-``consumer_ms``) happen in the consumer's thread (their share is of wall time). No source
+is of total worker time); ``transport`` (copying a batch out of shared memory, in the
+consumer's process), ``wait`` (the consumer blocked on the next batch) and ``step`` (the
+simulated training step, ``consumer_ms``) happen in the consumer (their share is of wall time). No source
 reports decoding separately, so ``read`` includes decoding. With ``workers=0`` the worker
 stages run inside the consumer's ``wait``.
 """
@@ -43,7 +43,7 @@ from ..stats import STAGES
 from .spec import _one_line as one_line  # the commands' one-line form of an error
 
 FORMAT = "steadyfeed.bench/1"
-CONSUMER_SIDE = ("transport", "wait", "step")  # in the consumer's thread: shares are of wall time
+CONSUMER_SIDE = ("transport", "wait", "step")  # in the consumer's process: shares are of wall time
 WORKER_SIDE = tuple(s for s in STAGES if s not in CONSUMER_SIDE)  # summed over workers
 READ_INCLUDES_DECODE = "decode" not in STAGES  # no source times its decoding apart from its reading
 NEAR_FASTEST = 0.05  # a cheaper setting within 5% of the fastest is recommended instead
