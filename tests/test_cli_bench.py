@@ -198,6 +198,12 @@ def test_the_recommendation_is_the_fastest_unless_a_cheaper_one_is_within_5_perc
     assert recommend([Measurement(Setting(1, "thread"), error="SampleError: ...")]) is None
 
 
+def test_a_window_too_short_for_the_cpu_clock_has_no_cpu_figure():
+    short = Measurement(Setting(0, "thread"), samples=8, seconds=0.001, cpu_seconds=0.01)  # one 10 ms tick
+    assert short.cpu_cores is None and short.as_dict()["cpu_cores"] is None
+    assert Measurement(Setting(0, "thread"), samples=8, seconds=1.0, cpu_seconds=0.5).cpu_cores == 0.5
+
+
 def test_the_window_opens_once_the_loader_has_decided_who_makes_batches(no_leaks):
     x = np.arange(2000 * 4, dtype=np.float32).reshape(2000, 4)
     loader = Loader(ArraySource(x=x, y=x.sum(axis=1)), 8)  # 250 batches

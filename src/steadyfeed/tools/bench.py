@@ -51,6 +51,7 @@ PRODUCER_BOUND_WAIT = 0.5  # the consumer waits at least half the time: the load
 CONSUMER_BOUND_WAIT = 0.1  # the consumer almost never waits: its own step limits training
 GIL_MIN_SPEEDUP = 1.3  # more thread workers that gain less than this ...
 GIL_MAX_CORES = 1.2  # ... while using under this many cores are held back by the GIL
+CPU_MIN_SECONDS = 0.25  # shorter windows get no CPU figure: the OS counts CPU time in 10 ms ticks
 WARMUP_WHILE_DECIDING = 200  # at most this many more warm-up batches while the loader decides who makes them
 
 
@@ -181,8 +182,10 @@ class Measurement:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
     @property
-    def cpu_cores(self) -> float:
-        return self.cpu_seconds / self.seconds if self.seconds > 0 else 0.0
+    def cpu_cores(self) -> float | None:
+        """Cores busy on average; None for a window too short for the OS's CPU clock (ticks
+        of 10 ms per process: 8 batches in 1 ms would read as several cores, or none)."""
+        return self.cpu_seconds / self.seconds if self.seconds >= CPU_MIN_SECONDS else None
 
     def share(self, stage: str) -> float:
         """Worker stages: share of total worker time; consumer stages: share of wall time."""
@@ -361,7 +364,7 @@ def gil_limited(measurements: list[Measurement]) -> Diagnosis | None:
     for m in sorted((m for m in ok.values() if m.setting.mode == "thread" and m.setting.workers >= 2),
                     key=lambda m: m.setting.workers, reverse=True):
         stuck = m.samples_per_second < GIL_MIN_SPEEDUP * base.samples_per_second
-        if m.diagnosis.kind == "producers" and stuck and m.cpu_cores < GIL_MAX_CORES:
+        if m.diagnosis.kind == "producers" and stuck and m.cpu_cores is not None and m.cpu_cores < GIL_MAX_CORES:
             return Diagnosis("gil", f"GIL: thread workers do not scale beyond {max(base.setting.workers, 1)} "
                                     f"({m.setting.label}: {m.samples_per_second:,.0f} samples/s, {base.setting.label}: "
                                     f"{base.samples_per_second:,.0f}) while CPU < {GIL_MAX_CORES} cores "

@@ -138,7 +138,7 @@ def _summary_row(s: dict) -> list[str]:
     inline = s["inline_batches"] / s["batches"] if s["batches"] else 0.0
     return [s["label"], f"{s['samples_per_second']:,.0f}", "" if first is None else f"{first:.3f}",
             f"{queue['fill_mean']:.1f} / {queue['fill_max']} / {queue['prefetch']}", f"{inline:.0%}",
-            f"{s['cpu_cores']:.2f}", f"{s['peak_rss_bytes'] / BYTES_PER_MB:,.0f}", s["bottleneck"]["kind"]]
+            "-" if s["cpu_cores"] is None else f"{s['cpu_cores']:.2f}", f"{s['peak_rss_bytes'] / BYTES_PER_MB:,.0f}", s["bottleneck"]["kind"]]
 
 
 def _stage_row(s: dict) -> list[str]:
