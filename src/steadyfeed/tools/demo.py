@@ -150,7 +150,9 @@ def throughput(source: ArraySource) -> None:
     from steadyfeed.tools.bench_command import format_report
 
     loader = Loader(source, BATCH, shuffle=True, seed=1, transform=augment)
-    result = bench(loader, grid([0, 2], ["thread", "process"]), max_batches=40)
+    # five epochs: the window opens once each setting has decided who makes batches (~70 of
+    # them), and lasts long enough for a CPU figure
+    result = bench(loader, grid([0, 2], ["thread", "process"]), epochs=5, max_batches=200)
     print("\n".join("  " + line for line in format_report(result.as_dict()).splitlines()[2:]))
 
 
