@@ -4,6 +4,8 @@ Every file is written here with np.save; every read is checked against np.load.
 """
 import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -312,6 +314,38 @@ def test_npyarray_refuses_missing_truncated_and_object_files(big):
     np.save(big / "obj.npy", np.array([None, 1], dtype=object), allow_pickle=True)
     with pytest.raises(DataError, match=r"obj\.npy: holds Python objects"):
         NpyArray(x=big / "obj.npy")
+
+
+SHRINK_SCRIPT = """
+import os, sys
+import numpy as np
+from steadyfeed import Loader, SampleError
+from steadyfeed.sources.npy import NpyArray
+path = sys.argv[1]
+np.save(path, np.ones((1024, 1024), np.float32))  # 4 KB rows: a row past the cut is a page past the end
+loader = Loader(NpyArray(x=path), 16, workers=int(sys.argv[2]))
+batches = iter(loader)
+next(batches)
+os.truncate(path, 128 + 4096)  # the header and one row remain: the mapping now reaches past the file
+try:
+    for _ in batches:
+        pass
+    print("no error")
+except SampleError as error:
+    print("SampleError", error)
+loader.close()
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_npyarray_shrunk_while_mapped_raises_naming_the_file_instead_of_crashing(tmp_path, workers):
+    # in a child: a regression would kill the process with SIGBUS, which must not take pytest along
+    done = subprocess.run([sys.executable, "-c", SHRINK_SCRIPT, str(tmp_path / "x.npy"), str(workers)],
+                          capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, f"rc {done.returncode} (SIGBUS is -7): {done.stderr[-2000:]}"
+    assert done.stdout.startswith("SampleError sample ")
+    assert "row " in done.stdout and "x.npy: the file shrank to 4224 bytes while in use" in done.stdout
 
 
 @pytest.mark.parametrize("mode", MODES)

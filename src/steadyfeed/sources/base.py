@@ -181,6 +181,7 @@ class MappedFile:
     shape: tuple
     order: str
 
-    def open(self) -> np.memmap:
-        return np.memmap(self.filename, dtype=np.dtype(self.dtype), mode="r", offset=self.offset,
-                         shape=self.shape, order=self.order)
+    def open(self, file=None) -> np.memmap:
+        """The mapping, of ``file`` (an open file object of ``filename``) when given."""
+        return np.memmap(self.filename if file is None else file, dtype=np.dtype(self.dtype), mode="r",
+                         offset=self.offset, shape=self.shape, order=self.order)

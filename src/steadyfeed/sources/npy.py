@@ -235,16 +235,38 @@ class NpyPairs:
         return f"NpyPairs({self.dirs['x']!r}, {self.dirs['y']!r}, {len(self)} pairs)"
 
 
-def _open_mapping(spec: MappedFile) -> np.memmap:
+@dataclass
+class _Mapping:
+    """One file's rows, mapped, and the mapped file itself: reading a page past the end of a
+    file truncated after mapping kills the process (SIGBUS), so its size is checked first."""
+
+    rows: np.memmap
+    file: io.BufferedReader  # the mapped inode, whatever the path names now
+    needed: int  # bytes the header promised
+
+    def checked(self) -> np.memmap:
+        size = os.fstat(self.file.fileno()).st_size  # ~1 us; a truncation in the instant after it is not caught
+        if size < self.needed:
+            raise DataError(f"{self.file.name}: the file shrank to {size} bytes while in use; its header needs "
+                            f"{self.needed} (truncated or rewritten in place?)")
+        return self.rows
+
+
+def _open_mapping(spec: MappedFile) -> _Mapping:
+    file = open(spec.filename, "rb")
     try:
-        return spec.open()
+        rows = spec.open(file)
     except ValueError as exc:  # numpy's message does not name the file
+        file.close()
         raise DataError(f"{spec.filename}: cannot map {spec.dtype} {spec.shape} from byte {spec.offset} "
                         f"(changed since the source was built?): {exc}") from exc
+    return _Mapping(rows, file, spec.offset + rows.nbytes)
 
 
-def _forget(_mapping) -> None:
-    """Closing an mmap that a live row still views raises; dropping it unmaps once the last view is gone."""
+def _forget(mapping: _Mapping) -> None:
+    """Closing an mmap that a live row still views raises; dropping it unmaps once the last view
+    is gone. The file can close: the mapping holds a handle of its own."""
+    mapping.file.close()
 
 
 def _checked_mapping(path: str) -> MappedFile:
@@ -283,7 +305,7 @@ class NpyArray:
         return self._len
 
     def _arrays(self) -> dict[str, np.memmap]:
-        return {name: self._maps.get(f) for name, f in self.files.items()}
+        return {name: self._maps.get(f).checked() for name, f in self.files.items()}
 
     def __getitem__(self, i: int) -> dict:
         if not 0 <= i < self._len:
