@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from . import shm
 from .batch import run_batch
 from .receiver import ResultReceiver
+from .sender import TaskSender
 from .task import BatchResult, BatchTask, StatusSlot, WorkContext
 from .workers import ProcessWorker, ThreadWorker, process_context
 
@@ -150,7 +151,8 @@ class _OutboxPool(_WorkerPool):
 
     def _handle(self, kind: str, wid: int, payload) -> list:
         if kind == "crashed":
-            raise RuntimeError(f"steadyfeed bug: the thread receiving worker results failed:\n{payload}")
+            raise RuntimeError(f"steadyfeed bug: a thread of the pool that sends tasks or receives results "
+                               f"failed:\n{payload}")
         worker = self.workers.get(wid)
         if worker is None:  # an abandoned worker finished late: its tasks were already re-run
             return []
@@ -173,8 +175,9 @@ class ThreadPool(_OutboxPool):
 
 
 class ProcessPool(_OutboxPool):
-    """Worker processes; their results come in through a receiver thread (``receiver.py``)
-    that copies each batch out of shared memory before the consumer asks for it."""
+    """Worker processes. Two threads keep the pipes off the consumer's thread (the training
+    loop): a sender writes the tasks (``sender.py``), a receiver takes the results in and
+    copies each batch out of shared memory before the consumer asks for it (``receiver.py``)."""
 
     def __init__(self, ctx: WorkContext, size: int, timeout: float | None):
         self._mp = process_context()
@@ -182,10 +185,11 @@ class ProcessPool(_OutboxPool):
         self._slots = shm.ConsumerSlots()
         self._outbox = queue.SimpleQueue()
         self._receiver = ResultReceiver(self._slots, self._outbox, ctx.niceness)
+        self._sender = TaskSender(self._outbox, ctx.niceness)
         super().__init__(ctx, size, timeout)
 
     def _new_worker(self, wid: int) -> ProcessWorker:
-        worker = ProcessWorker(wid, self.ctx, self._mp, self._token, slots=TASKS_PER_WORKER)
+        worker = ProcessWorker(wid, self.ctx, self._mp, self._token, TASKS_PER_WORKER, self._sender)
         self._receiver.watch(wid, worker.conn, worker.sentinel)
         return worker
 
@@ -203,6 +207,7 @@ class ProcessPool(_OutboxPool):
 
     def shutdown(self) -> None:
         super().shutdown()
+        self._sender.stop()
         self._receiver.stop()
 
 

@@ -151,10 +151,11 @@ def _check_not_bootstrapping() -> None:
 class ProcessWorker:
     kind = "process"
 
-    def __init__(self, wid: int, ctx: WorkContext, mpctx, token: str, slots: int):
+    def __init__(self, wid: int, ctx: WorkContext, mpctx, token: str, slots: int, sender):
         self.wid = wid
         self.outstanding: OrderedDict[int, BatchTask] = OrderedDict()
         self.slot_names = [shm.slot_name(token, wid, k) for k in range(slots)]
+        self._sender = sender  # sender.TaskSender: writes the tasks from a thread of its own
         _check_not_bootstrapping()
         # status cells live in a tiny segment of ours (not multiprocessing's heap, whose
         # arena file stays open for the life of the interpreter)
@@ -174,6 +175,7 @@ class ProcessWorker:
                     "mode='process' pickles the source and the transform into each worker; "
                     f"this one cannot be pickled ({exc}). Define it at module level, or use mode='thread'."
                 ) from exc
+            self._pipe = sender.pipe_for(self.conn)
         except BaseException:
             # Whatever stops the start (an unpicklable source; the bootstrapping RuntimeError
             # of a script without a __main__ guard, re-run inside a spawned child; Ctrl-C; no
@@ -198,10 +200,7 @@ class ProcessWorker:
 
     def send(self, task: BatchTask) -> None:
         self.outstanding[task.task_id] = task
-        try:
-            self.conn.send(task)
-        except OSError:
-            pass  # the worker just died: its sentinel reports it, and the task is re-run elsewhere
+        self._sender.send(self._pipe, task)
 
     def alive(self) -> bool:
         return self.process.is_alive()
@@ -227,6 +226,7 @@ class ProcessWorker:
         self.kill()
 
     def _release(self) -> None:
+        self._sender.forget(self._pipe)
         self.conn.close()
         if self.process.exitcode is not None:
             self.process.close()
