@@ -38,7 +38,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import DataError
-from .base import LazyHandles, file_fingerprint, pread_fully, split_rows
+from .base import LazyHandles, file_fingerprint, split_rows
+from .raw_rows import RawRows, read_rows, spans
 
 try:
     import h5py
@@ -122,27 +123,13 @@ class Hdf5Source:
         self._read_raw_rows(name, handle.fd, raw, ids, out.view(np.uint8).reshape(len(ids), raw.row_bytes))
         return out
 
-    def _read_raw_rows(self, name: str, fd: int, raw: _RawRows, ids: np.ndarray, out: np.ndarray) -> None:
-        """Rows ``ids`` (sorted, unique) into ``out`` (the bytes of one row per id), with one
-        ``preadv`` per span of nearby ids, by the rule of :meth:`_read_hdf5_rows` (``GAP_BYTES``).
-
-        File offsets come from numpy, so Python loops once per read, not once per row. A span
-        stays within one extent of the file (see :class:`_RawRows`), where row ``i`` lies
-        ``row_bytes * (i - start)`` past the span's first row ``start``, chunk boundaries or not.
-        """
-        rb = raw.row_bytes
-        spans, offsets = _raw_reads(raw, ids)
-        flat, listed = memoryview(out.reshape(-1)), ids.tolist()  # slicing these is cheap
-        for a, b in spans:
-            start, last = listed[a], listed[b - 1]
-            # consecutive ids go straight into the output; ids a few rows apart share a read of their span
-            span = None if last - start + 1 == b - a else np.empty((last - start + 1, rb), np.uint8)
-            view = flat[a * rb:b * rb] if span is None else memoryview(span.reshape(-1))
-            if os.preadv(fd, [view], offsets[a]) != len(view) and pread_fully(fd, view, offsets[a]):  # rare
-                raise DataError(f"{self.path}: rows {start}..{last} of dataset {self.keys[name]} "
-                                f"end past the end of the file (truncated since it was opened?)")
-            if span is not None:
-                out[a:b] = span[ids[a:b] - start]
+    def _read_raw_rows(self, name: str, fd: int, raw: RawRows, ids: np.ndarray, out: np.ndarray) -> None:
+        """Rows ``ids`` (sorted, unique) into ``out``, by the rule of :meth:`_read_hdf5_rows`
+        (``GAP_BYTES``), with one ``preadv`` per span (``raw_rows.read_rows``)."""
+        short = read_rows(fd, raw, ids, out, GAP_BYTES)
+        if short is not None:
+            raise DataError(f"{self.path}: rows {short[0]}..{short[1]} of dataset {self.keys[name]} "
+                            f"end past the end of the file (truncated since it was opened?)")
 
     def _read_hdf5_rows(self, name: str, ds, ids: np.ndarray) -> np.ndarray:
         """Rows ``ids`` (sorted, unique) of one dataset, with one HDF5 read per span of nearby ids.
@@ -154,7 +141,7 @@ class Hdf5Source:
         shape, dtype = self._rows[name]
         out = np.empty((len(ids), *shape), dtype)
         max_gap = GAP_BYTES // max(math.prod(shape) * dtype.itemsize, 1)
-        for a, b in _spans(ids, max_gap):
+        for a, b in spans(ids, max_gap):
             start, stop = int(ids[a]), int(ids[b - 1]) + 1
             if stop - start == b - a:
                 self._read_span(name, ds, start, out[a:b])
@@ -194,57 +181,17 @@ class Hdf5Source:
         return f"Hdf5Source({self.path!r}, {keys}{', swmr=True' if self.swmr else ''})"
 
 
-def _spans(ids: np.ndarray, max_gap: int) -> list[tuple[int, int]]:
-    """``(a, b)`` index ranges of sorted unique ``ids`` where no two neighbours are more than
-    ``max_gap`` ids apart (``max_gap=0``: runs of consecutive ids)."""
-    if ids[-1] - ids[0] + 1 == len(ids):  # one run, e.g. a single id or an unshuffled batch
-        return [(0, len(ids))]
-    # per batch, not per row: slicing beats np.diff and lists beat np.concatenate at this size
-    bounds = [0, *(np.flatnonzero(ids[1:] - ids[:-1] > max_gap + 1) + 1).tolist(), len(ids)]
-    return list(zip(bounds[:-1], bounds[1:]))
-
-
-def _raw_reads(raw: _RawRows, ids: np.ndarray) -> tuple[list[tuple[int, int]], list[int]]:
-    """The reads for sorted unique ``ids``: ``(a, b)`` ranges of ``ids`` as :func:`_spans` makes
-    them, but never across extents, and the file offsets of the rows (at least of each range's first)."""
-    per, rb = raw.rows_per_chunk, raw.row_bytes
-    first, last = int(ids[0]), int(ids[-1])
-    if last - first + 1 == len(ids) and raw.extents[first // per] == raw.extents[last // per]:
-        # one run within one extent (an unshuffled batch): skip the per-row arrays, a few us per batch
-        return [(0, len(ids))], [int(raw.offsets[first // per]) + first % per * rb]
-    chunk, within = np.divmod(ids, per)
-    gap = GAP_BYTES // max(rb, 1)
-    # rows of different extents must not share a read: spaced more than gap apart, _spans splits there
-    return _spans(ids + raw.extents[chunk] * (gap + 1), gap), (raw.offsets[chunk] + within * rb).tolist()
-
-
 class _Open(NamedTuple):
     """One process's open file and its datasets (what ``LazyHandles`` keeps), plus, for datasets
     stored raw, where their rows lie in the file and a plain descriptor to read them with."""
 
     file: "h5py.File"
     datasets: dict
-    raw: dict  # name -> _RawRows for uncompressed datasets whose rows can be read by offset
+    raw: dict  # name -> RawRows for uncompressed datasets whose rows can be read by offset
     fd: int | None
 
 
-class _RawRows(NamedTuple):
-    """Where the rows of an uncompressed dataset lie: chunk ``k`` (``rows_per_chunk`` whole rows,
-    or the whole dataset when contiguous) starts at byte ``offsets[k]`` of the file.
-
-    ``extents[k]`` numbers the stretches of chunks that follow each other in the file in row
-    order, so that nearby rows of one extent share one read even across chunk boundaries (a
-    batch of consecutive rows is one read). Reads never cross extents: HDF5 puts other objects
-    (chunk index nodes, other datasets' chunks) between chunks and may store chunks out of order.
-    """
-
-    offsets: np.ndarray
-    rows_per_chunk: int
-    row_bytes: int
-    extents: np.ndarray
-
-
-def _raw_rows(ds) -> _RawRows | None:
+def _raw_rows(ds) -> RawRows | None:
     """The raw layout of ``ds`` when every row can be read straight from the file, else None.
 
     That needs no filters (compression), a fixed-size plain dtype, and either a contiguous
@@ -261,7 +208,7 @@ def _raw_rows(ds) -> _RawRows | None:
         offset = ds.id.get_offset()
         if offset is None or n == 0:
             return None
-        return _RawRows(np.array([offset], np.int64), n, row_bytes, extents=np.zeros(1, np.int64))
+        return RawRows.contiguous(offset, n, row_bytes)
     if tuple(ds.chunks[1:]) != tuple(ds.shape[1:]):
         return None
     per_chunk = ds.chunks[0]
@@ -273,7 +220,7 @@ def _raw_rows(ds) -> _RawRows | None:
         info = ds.id.get_chunk_info(k)
         offsets[info.chunk_offset[0] // per_chunk] = info.byte_offset
     follows = offsets[1:] == offsets[:-1] + per_chunk * row_bytes  # chunk k+1 starts where chunk k ends
-    return _RawRows(offsets, per_chunk, row_bytes, np.concatenate(([0], np.cumsum(~follows))))
+    return RawRows(offsets, per_chunk, row_bytes, np.concatenate(([0], np.cumsum(~follows))))
 
 
 def _open(path: str, keys: tuple[tuple[str, str], ...], swmr: bool, _key=None) -> _Open:

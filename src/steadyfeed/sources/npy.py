@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import DataError
 from .base import LazyHandles, MappedFile, file_fingerprint, pread_fully
+from .raw_rows import RawRows, read_rows
 
 _FIRST_READ = 256  # np.save pads headers to 64 bytes: 128 for ordinary dtypes and shapes
 _LENGTH_FIELD = {(1, 0): "<H", (2, 0): "<I"}  # how each version stores its header length
@@ -235,38 +236,69 @@ class NpyPairs:
         return f"NpyPairs({self.dirs['x']!r}, {self.dirs['y']!r}, {len(self)} pairs)"
 
 
-@dataclass
-class _Mapping:
-    """One file's rows, mapped, and the mapped file itself: reading a page past the end of a
-    file truncated after mapping kills the process (SIGBUS), so its size is checked first."""
-
-    rows: np.memmap
-    file: io.BufferedReader  # the mapped inode, whatever the path names now
-    needed: int  # bytes the header promised
-
-    def checked(self) -> np.memmap:
-        size = os.fstat(self.file.fileno()).st_size  # ~1 us; a truncation in the instant after it is not caught
-        if size < self.needed:
-            raise DataError(f"{self.file.name}: the file shrank to {size} bytes while in use; its header needs "
-                            f"{self.needed} (truncated or rewritten in place?)")
-        return self.rows
+GAP_BYTES = 64 * 1024  # unrequested bytes worth reading to save one preadv (as Hdf5Source)
 
 
-def _open_mapping(spec: MappedFile) -> _Mapping:
-    file = open(spec.filename, "rb")
-    try:
-        rows = spec.open(file)
-    except ValueError as exc:  # numpy's message does not name the file
-        file.close()
-        raise DataError(f"{spec.filename}: cannot map {spec.dtype} {spec.shape} from byte {spec.offset} "
-                        f"(changed since the source was built?): {exc}") from exc
-    return _Mapping(rows, file, spec.offset + rows.nbytes)
+class _RowFile:
+    """One process's handle on a C-order ``.npy`` file: rows are read with ``preadv``
+    (``raw_rows``), so a file that shrinks while in use is an error naming it, never a SIGBUS."""
+
+    def __init__(self, spec: MappedFile):
+        self.spec = spec
+        self.row_shape, self.dtype = spec.shape[1:], np.dtype(spec.dtype)
+        self.raw = RawRows.contiguous(spec.offset, spec.shape[0], math.prod(self.row_shape) * self.dtype.itemsize)
+        self.fd = os.open(spec.filename, os.O_RDONLY)
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        out = np.empty((len(rows), *self.row_shape), self.dtype)
+        short = read_rows(self.fd, self.raw, rows, out.view(np.uint8).reshape(len(rows), -1), GAP_BYTES)
+        if short is not None:
+            needed = self.spec.offset + self.raw.row_bytes * self.spec.shape[0]
+            raise _shrunk(self.spec.filename, short, os.fstat(self.fd).st_size, needed)
+        return out
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
-def _forget(mapping: _Mapping) -> None:
-    """Closing an mmap that a live row still views raises; dropping it unmaps once the last view
-    is gone. The file can close: the mapping holds a handle of its own."""
-    mapping.file.close()
+class _FortranRows:
+    """A Fortran-order file's rows are strided through it: mapped instead, its size checked
+    before each read (a truncation racing a read can still kill the process with SIGBUS)."""
+
+    def __init__(self, spec: MappedFile):
+        self.spec = spec
+        self.file = open(spec.filename, "rb")  # the mapped inode, whatever the path names later
+        try:
+            self.rows = spec.open(self.file)
+        except ValueError as exc:  # numpy's message does not name the file
+            self.file.close()
+            raise DataError(f"{spec.filename}: cannot map {spec.dtype} {spec.shape} from byte {spec.offset} "
+                            f"(changed since the source was built?): {exc}") from exc
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        needed = self.spec.offset + self.rows.nbytes
+        size = os.fstat(self.file.fileno()).st_size
+        if size < needed:
+            raise _shrunk(self.spec.filename, (rows[0], rows[-1]), size, needed)
+        return np.asarray(self.rows[rows])
+
+    def close(self) -> None:
+        """Closing an mmap that a live row still views raises; dropping it unmaps once the last
+        view is gone. The file can close: the mapping holds a handle of its own."""
+        self.file.close()
+
+
+def _shrunk(filename: str, rows: tuple, size: int, needed: int) -> DataError:
+    return DataError(f"{filename}: rows {rows[0]}..{rows[1]} end past the end of the file, now {size} bytes where "
+                     f"its header needs {needed} (cut short or rewritten since it was opened?)")
+
+
+def _open_rows(spec: MappedFile) -> _RowFile | _FortranRows:
+    return _FortranRows(spec) if spec.order == "F" and len(spec.shape) > 1 else _RowFile(spec)
+
+
+def _close_rows(rows: _RowFile | _FortranRows) -> None:
+    rows.close()
 
 
 def _checked_mapping(path: str) -> MappedFile:
@@ -285,10 +317,12 @@ class NpyArray:
     """Serves ``{name: array[i]}`` for row ``i`` of large ``.npy`` files, e.g.
     ``NpyArray(x="x.npy", y="y.npy")`` (the same shape of call as ArraySource).
 
-    Nothing is loaded: each process maps the files read-only on first use, and the source
-    pickles as paths and headers only. All files must have the same number of rows
-    (DataError naming files and lengths). Rows come back as fresh arrays, so a sample never
-    pins the mapping; ``read_many`` gathers a batch in sorted row order (sequential pages).
+    Nothing is loaded: each process opens the files on first use and reads rows with
+    ``preadv`` (nearby rows of a batch in one read), and the source pickles as paths and
+    headers only. All files must have the same number of rows (DataError naming files and
+    lengths). Rows come back as fresh arrays; ``read_many`` reads a batch in sorted row order.
+    A file that shrinks while in use raises a DataError naming it (Fortran-order files are
+    mapped instead, and checked before each read).
     """
 
     def __init__(self, **paths: str | os.PathLike):
@@ -299,24 +333,26 @@ class NpyArray:
         if len(set(lengths.values())) != 1:
             raise DataError(f"NpyArray files must have the same number of rows, got {lengths}")
         self._len = next(iter(lengths.values()))
-        self._maps = LazyHandles(_open_mapping, _forget)
+        self._handles = LazyHandles(_open_rows, _close_rows)
 
     def __len__(self) -> int:
         return self._len
 
-    def _arrays(self) -> dict[str, np.memmap]:
-        return {name: self._maps.get(f).checked() for name, f in self.files.items()}
+    def _blocks(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: self._handles.get(f).read(rows) for name, f in self.files.items()}
 
     def __getitem__(self, i: int) -> dict:
         if not 0 <= i < self._len:
             raise IndexError(f"sample id {i} out of range for NpyArray of length {self._len}")
-        return {name: np.array(a[i]) for name, a in self._arrays().items()}
+        return {name: block[0, ...] for name, block in self._blocks(np.array([i], np.int64)).items()}
 
     def read_many(self, ids) -> list[dict]:
         rows, back = np.unique(np.asarray(ids, dtype=np.int64), return_inverse=True)  # sorted, deduplicated
-        if len(rows) and not (0 <= rows[0] and rows[-1] < self._len):
+        if not len(rows):
+            return []
+        if not (0 <= rows[0] and rows[-1] < self._len):
             raise IndexError(f"sample ids {rows[0]}..{rows[-1]} out of range for NpyArray of length {self._len}")
-        blocks = {name: np.asarray(a[rows]) for name, a in self._arrays().items()}
+        blocks = self._blocks(rows)
         return [{name: block[k] for name, block in blocks.items()} for k in back]
 
     def locate(self, i: int) -> str:
@@ -326,7 +362,7 @@ class NpyArray:
         return file_fingerprint(f.filename for f in self.files.values())
 
     def close(self) -> None:
-        self._maps.close()
+        self._handles.close()
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{k}={f.dtype}{list(f.shape)}" for k, f in self.files.items())

@@ -1,0 +1,83 @@
+"""Fixed-size rows at known file offsets, read with one ``preadv`` per span of nearby rows.
+
+Shared by ``Hdf5Source`` (uncompressed datasets) and ``NpyArray`` (C-order ``.npy`` files).
+A read, never a mapping: a file that shrinks while in use gives a short read and an error
+naming it, where touching a mapped page past the new end would kill the process (SIGBUS).
+``os.preadv`` releases the GIL and shares no file position, so thread workers read in parallel.
+"""
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import numpy as np
+
+from .base import pread_fully
+
+
+class RawRows(NamedTuple):
+    """Where the rows lie: chunk ``k`` (``rows_per_chunk`` whole rows, or all of them when the
+    data is contiguous) starts at byte ``offsets[k]`` of the file.
+
+    ``extents[k]`` numbers the stretches of chunks that follow each other in the file in row
+    order, so that nearby rows of one extent share one read even across chunk boundaries (a
+    batch of consecutive rows is one read). Reads never cross extents: HDF5 puts other objects
+    (chunk index nodes, other datasets' chunks) between chunks and may store chunks out of order.
+    """
+
+    offsets: np.ndarray
+    rows_per_chunk: int
+    row_bytes: int
+    extents: np.ndarray
+
+    @classmethod
+    def contiguous(cls, offset: int, rows: int, row_bytes: int) -> "RawRows":
+        return cls(np.array([offset], np.int64), rows, row_bytes, np.zeros(1, np.int64))
+
+
+def spans(ids: np.ndarray, max_gap: int) -> list[tuple[int, int]]:
+    """``(a, b)`` index ranges of sorted unique ``ids`` where no two neighbours are more than
+    ``max_gap`` ids apart (``max_gap=0``: runs of consecutive ids)."""
+    if ids[-1] - ids[0] + 1 == len(ids):  # one run, e.g. a single id or an unshuffled batch
+        return [(0, len(ids))]
+    # per batch, not per row: slicing beats np.diff and lists beat np.concatenate at this size
+    bounds = [0, *(np.flatnonzero(ids[1:] - ids[:-1] > max_gap + 1) + 1).tolist(), len(ids)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def raw_reads(raw: RawRows, ids: np.ndarray, gap_bytes: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """The reads for sorted unique ``ids``: ``(a, b)`` ranges of ``ids`` as :func:`spans` makes
+    them (up to ``gap_bytes`` unrequested bytes inside one), never across extents, and the file
+    offsets of the rows (at least of each range's first)."""
+    per, rb = raw.rows_per_chunk, raw.row_bytes
+    first, last = int(ids[0]), int(ids[-1])
+    if last - first + 1 == len(ids) and raw.extents[first // per] == raw.extents[last // per]:
+        # one run within one extent (an unshuffled batch): skip the per-row arrays, a few us per batch
+        return [(0, len(ids))], [int(raw.offsets[first // per]) + first % per * rb]
+    chunk, within = np.divmod(ids, per)
+    gap = gap_bytes // max(rb, 1)
+    # rows of different extents must not share a read: spaced more than gap apart, spans splits there
+    return spans(ids + raw.extents[chunk] * (gap + 1), gap), (raw.offsets[chunk] + within * rb).tolist()
+
+
+def read_rows(fd: int, raw: RawRows, ids: np.ndarray, out: np.ndarray, gap_bytes: int) -> tuple[int, int] | None:
+    """Rows ``ids`` (sorted, unique) into ``out`` (the bytes of one row per id). Returns None,
+    or the first and last id of a read that ended past the end of the file.
+
+    File offsets come from numpy, so Python loops once per read, not once per row. A span
+    stays within one extent of the file, where row ``i`` lies ``row_bytes * (i - start)`` past
+    the span's first row ``start``, chunk boundaries or not.
+    """
+    rb = raw.row_bytes
+    reads, offsets = raw_reads(raw, ids, gap_bytes)
+    flat, listed = memoryview(out.reshape(-1)), ids.tolist()  # slicing these is cheap
+    for a, b in reads:
+        start, last = listed[a], listed[b - 1]
+        # consecutive ids go straight into the output; ids a few rows apart share a read of their span
+        span = None if last - start + 1 == b - a else np.empty((last - start + 1, rb), np.uint8)
+        view = flat[a * rb:b * rb] if span is None else memoryview(span.reshape(-1))
+        if os.preadv(fd, [view], offsets[a]) != len(view) and pread_fully(fd, view, offsets[a]):  # rare
+            return start, last
+        if span is not None:
+            out[a:b] = span[ids[a:b] - start]
+    return None
