@@ -133,8 +133,9 @@ def test_a_slow_consumer_is_named_consumer_bound_with_a_full_queue(spec, capsys,
     setting = report["settings"][0]
     assert report["bottleneck"]["kind"] == "consumer"
     assert "queue stays full" in report["bottleneck"]["reason"] and "training step" in report["bottleneck"]["reason"]
-    # a batch is requested as one is taken, so the watermark of a full queue is prefetch - 1
-    assert setting["queue"]["fill_mean"] >= setting["queue"]["prefetch"] - 1.5
+    # a place in the window is refilled as a batch is taken: a slow consumer finds it full
+    assert setting["queue"]["fill_max"] == setting["queue"]["prefetch"]
+    assert setting["queue"]["fill_mean"] >= setting["queue"]["prefetch"] - 0.5
     assert setting["stages"]["step"]["share"] > 0.8
 
 

@@ -33,5 +33,5 @@ def test_a_slow_consumer_sees_a_full_queue(no_leaks):
         for _ in loader:
             time.sleep(0.01)
         stats = loader.stats()
-    assert stats["queue_fill_mean"] > 2  # producers outrun the consumer: the watermark sits high
-    assert stats["queue_fill_max"] <= 4
+    assert stats["queue_fill_mean"] > 3.5  # producers outrun the consumer: the queue stays full
+    assert stats["queue_fill_max"] == 4  # prefetch, never more

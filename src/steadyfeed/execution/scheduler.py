@@ -90,8 +90,12 @@ class EpochRun:
             outcome = self.ready.pop(self.next_to_yield)
             del self.batches[self.next_to_yield]
             self.next_to_yield += 1
-            if last_yield is not None:
-                self.handoff.record(now - last_yield, now - entered, outcome.timings, made_here)
+            # the batch taken frees a place in the window: a worker starts on it while the
+            # consumer works, not when it comes back (so a slow consumer finds prefetch ready)
+            self._fill_window()
+            self._submit_ready_tasks()
+            if last_yield is not None:  # the consumer's time in the loader includes that submit
+                self.handoff.record(now - last_yield, time.perf_counter() - entered, outcome.timings, made_here)
             last_yield = now
             yield outcome
 
