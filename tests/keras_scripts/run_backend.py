@@ -414,10 +414,11 @@ def keras_step_arrays() -> dict:
     loader.close()
     writable, frozen = np.ones(3, np.float32), np.ones(3, np.float32)
     frozen.flags.writeable = False
-    tensor, (wide, kept), named = _backend_arrays()((writable, (np.ones(3, np.uint32), frozen), {"a": writable}))
+    kept_as_numpy = (np.ones(3, np.uint32), frozen, np.ones(3, ">f4"), np.ones(6, np.float32)[::-2])
+    tensor, kept, named = _backend_arrays()((writable, kept_as_numpy, {"a": writable}))
     return {"keras_step_types": [type(v).__name__ for v in step],
             "keras_zero_copy": tensor.data_ptr() == named["a"].data_ptr() == writable.ctypes.data,
-            "keras_kept_numpy": [type(wide).__name__, type(kept).__name__]}
+            "keras_kept_numpy": [type(v).__name__ for v in kept]}
 
 
 class _nullcontext:

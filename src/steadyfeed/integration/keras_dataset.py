@@ -25,8 +25,8 @@ Guarantees (TensorFlow, JAX and PyTorch backends):
 On the PyTorch backend the arrays reach Keras as ``torch.from_numpy`` tensors sharing the
 freshly allocated batch memory: Keras's own conversion of a numpy batch copies it
 (``np.array(x)``) in the training thread, between two steps, where every microsecond is
-device idle time. Dtypes Keras converts specially (``uint32``, ``bfloat16``) and read-only
-arrays stay numpy and take Keras's path.
+device idle time. Dtypes Keras converts specially (``uint32``, ``bfloat16``), other byte
+orders, and read-only or non-contiguous arrays stay numpy and take Keras's path.
 
 ``loader.state_dict()`` counts batches *handed to Keras*; on TF, ``tf.data`` prefetch pulls
 ahead of training. ``LoaderCheckpoint`` counts batches *trained*.
@@ -92,7 +92,8 @@ def _backend_arrays() -> Callable[[Any], Any]:
 
     def convert(value: Any) -> Any:
         if isinstance(value, np.ndarray):
-            keep = value.dtype not in _TORCH_AS_IS or not value.flags.writeable
+            flags = value.flags
+            keep = value.dtype not in _TORCH_AS_IS or not (flags.writeable and flags.c_contiguous)
             return value if keep else torch.from_numpy(value)
         if isinstance(value, tuple):
             return tuple(convert(v) for v in value)
