@@ -100,12 +100,18 @@ def test_killed_fit_resumes_with_the_same_trained_batches_and_weights(report):
 @pytest.mark.timeout(TEST_TIMEOUT)
 def test_loader_monitor_values_are_in_history(report):
     history = part(report, "modes")["thread"]["history"]
-    assert sorted(history) == ["data_quarantined", "data_queue_fill", "data_samples_per_sec", "data_wait_fraction"]
+    assert sorted(history) == ["data_quarantined", "data_queue_fill", "data_samples_per_sec", "data_wait_fraction",
+                               "data_wait_ms_per_step"]
     assert all(len(values) == EPOCHS for values in history.values())
     assert all(v > 0 for v in history["data_samples_per_sec"])
     assert all(0 <= v < 5 for v in history["data_wait_fraction"])
+    assert all(0 <= v < 1000 for v in history["data_wait_ms_per_step"])
     assert all(0 <= v <= 4 for v in history["data_queue_fill"])  # prefetch = 2 * workers
     assert history["data_quarantined"] == [0.0] * EPOCHS
+    # 20 batches, 640 samples, 0.5 s of waiting in 4 s; fill 90 - 20 over 20 batches
+    assert part(report, "monitor_figures") == {"data_samples_per_sec": 160.0, "data_wait_fraction": 0.125,
+                                               "data_wait_ms_per_step": 25.0, "data_queue_fill": 3.5,
+                                               "data_quarantined": 2.0}
 
 
 @pytest.mark.timeout(TEST_TIMEOUT)

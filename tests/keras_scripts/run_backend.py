@@ -278,6 +278,15 @@ def main() -> None:
 
     check("multi_input", multi_input)
 
+    def monitor_figures():
+        from steadyfeed.keras import epoch_figures
+
+        before = {"batches": 10, "samples": 320, "wait_seconds": 1.0, "queue_fill_mean": 2.0, "skipped": 0}
+        after = {"batches": 30, "samples": 960, "wait_seconds": 1.5, "queue_fill_mean": 3.0, "skipped": 2}
+        return epoch_figures(before, after, seconds=4.0)
+
+    check("monitor_figures", monitor_figures)
+
     check("extras", {"tensorflow": tf_extras, "jax": jax_extras, "torch": torch_extras}[backend])
     check("leaks", leftovers)
     print("REPORT " + json.dumps(report), flush=True)

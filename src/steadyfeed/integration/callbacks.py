@@ -41,6 +41,8 @@ class LoaderMonitor(_LoaderCallback):
       On JAX and PyTorch the consumer is the training loop, so this is the device-idle
       share caused by data. On TF, ``tf.data`` prefetch runs the consumer in its own thread
       and hides part of the wait from training: the figure is then an upper bound;
+    * ``data_wait_ms_per_step``: the same wait per batch, in milliseconds, which faster or
+      slower steps do not scale (a fraction shrinks when the steps get slower);
     * ``data_queue_fill``: mean number of batches ready when one was taken (0: the
       training loop always waited; near ``prefetch``: data was never the bottleneck);
     * ``data_quarantined``: samples skipped so far under ``on_error="skip"``.
@@ -70,6 +72,7 @@ def epoch_figures(before: dict, after: dict, seconds: float) -> dict:
     return {
         "data_samples_per_sec": (after["samples"] - before["samples"]) / seconds,
         "data_wait_fraction": (after["wait_seconds"] - before["wait_seconds"]) / seconds,
+        "data_wait_ms_per_step": 1000 * (after["wait_seconds"] - before["wait_seconds"]) / batches if batches else 0.0,
         "data_queue_fill": fill / batches if batches else 0.0,
         "data_quarantined": float(after["skipped"]),
     }
