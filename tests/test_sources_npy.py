@@ -340,7 +340,6 @@ loader.close()
 """
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("workers,order", [(0, "C"), (2, "C"), (0, "F")])  # F: mapped, so checked between reads only
 def test_npyarray_shrunk_while_in_use_raises_naming_the_file_instead_of_crashing(tmp_path, workers, order):
     # in a child: a regression would kill the process with SIGBUS, which must not take pytest along

@@ -66,9 +66,9 @@ class EpochRun:
     def __iter__(self):
         self.handoff.new_epoch()
         last_yield = None
+        self._fill_window()  # and again as each batch is handed out, below
         while self.next_to_yield < len(self.plan):
             entered = time.perf_counter()
-            self._fill_window()
             if self._in_flight():  # keep workers busy even when the next batch is ready
                 for event in self.pool.drain():
                     self._handle(event)

@@ -5,8 +5,9 @@ Each worker process owns a few *slots*: segments named by the consumer
 no page faults on fresh memory and no unlink. The consumer tells the worker which slot
 to write for each task, never one that holds a batch not yet copied out; its receiver
 thread (``receiver.py``) copies the arrays out into fresh memory (a batch is never a
-buffer that is reused later) as soon as the result arrives. A slot grows (unlink, then create bigger under the same
-name) when a batch does not fit; the consumer notices by size and re-attaches.
+buffer that is reused later) as soon as the result arrives. A slot grows (unlink, then
+create bigger under the same name) when a batch does not fit; the consumer notices by
+size and re-attaches.
 
 Because the consumer knows every slot name, it unlinks them all when a worker stops
 or dies: no segment outlives the loader.
@@ -109,25 +110,22 @@ class ConsumerSlots:
     def discard(self, names) -> None:
         """Detach and unlink slots whose worker stopped or died (whether or not they exist)."""
         with self._lock:
-            self._discard(names)
-
-    def _discard(self, names) -> None:
-        for name in names:
-            segment = self._attached.pop(name, None)
-            if segment is not None:
+            for name in names:
+                segment = self._attached.pop(name, None)
+                if segment is not None:
+                    segment.close()
+                try:
+                    segment = shared_memory.SharedMemory(name=name)
+                except FileNotFoundError:
+                    continue
+                except ValueError:  # "cannot mmap an empty file"
+                    # The worker died between creating the segment and sizing it, so before it
+                    # registered it with the resource tracker (and our attach failed before that
+                    # too): unlink it by name, or it stays in /dev/shm for good.
+                    _unlink_name(name)
+                    continue
                 segment.close()
-            try:
-                segment = shared_memory.SharedMemory(name=name)
-            except FileNotFoundError:
-                continue
-            except ValueError:  # "cannot mmap an empty file"
-                # The worker died between creating the segment and sizing it, so before it
-                # registered it with the resource tracker (and our attach failed before that
-                # too): unlink it by name, or it stays in /dev/shm for good.
-                _unlink_name(name)
-                continue
-            segment.close()
-            segment.unlink()
+                segment.unlink()
 
 
 def _unlink_name(name: str) -> None:

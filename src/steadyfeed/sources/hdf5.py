@@ -39,7 +39,7 @@ import numpy as np
 
 from ..errors import DataError
 from .base import LazyHandles, file_fingerprint, split_rows
-from .raw_rows import RawRows, read_rows, spans
+from .raw_rows import GAP_BYTES, RawRows, read_rows, spans  # GAP_BYTES also rules HDF5 calls here
 
 try:
     import h5py
@@ -48,9 +48,6 @@ except ImportError:  # the core needs numpy only; say how to get the optional de
     h5py = None
 
 _LISTED = 20  # how many existing datasets a "missing dataset" message lists
-GAP_BYTES = 64 * 1024  # unrequested bytes worth reading to save one HDF5 call (about 10 us, measured)
-# Raw reads (one preadv, about 2 us) keep the same rule, one rule for both: 32 scattered int64 labels
-# of 20,000 take about 16 us as one span read against 40 us as 32 preadv (measured); 16-256 KB all do.
 
 
 class Hdf5Source:

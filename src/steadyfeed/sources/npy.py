@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import DataError
 from .base import LazyHandles, MappedFile, file_fingerprint, pread_fully
-from .raw_rows import RawRows, read_rows
+from .raw_rows import GAP_BYTES, RawRows, read_rows
 
 _FIRST_READ = 256  # np.save pads headers to 64 bytes: 128 for ordinary dtypes and shapes
 _LENGTH_FIELD = {(1, 0): "<H", (2, 0): "<I"}  # how each version stores its header length
@@ -236,9 +236,6 @@ class NpyPairs:
         return f"NpyPairs({self.dirs['x']!r}, {self.dirs['y']!r}, {len(self)} pairs)"
 
 
-GAP_BYTES = 64 * 1024  # unrequested bytes worth reading to save one preadv (as Hdf5Source)
-
-
 class _RowFile:
     """One process's handle on a C-order ``.npy`` file: rows are read with ``preadv``
     (``raw_rows``), so a file that shrinks while in use is an error naming it, never a SIGBUS."""
@@ -297,10 +294,6 @@ def _open_rows(spec: MappedFile) -> _RowFile | _FortranRows:
     return _FortranRows(spec) if spec.order == "F" and len(spec.shape) > 1 else _RowFile(spec)
 
 
-def _close_rows(rows: _RowFile | _FortranRows) -> None:
-    rows.close()
-
-
 def _checked_mapping(path: str) -> MappedFile:
     """How to map ``path`` read-only, from its checked header (object arrays and 0-d arrays refused)."""
     fd = os.open(path, os.O_RDONLY)  # FileNotFoundError names the path
@@ -333,7 +326,7 @@ class NpyArray:
         if len(set(lengths.values())) != 1:
             raise DataError(f"NpyArray files must have the same number of rows, got {lengths}")
         self._len = next(iter(lengths.values()))
-        self._handles = LazyHandles(_open_rows, _close_rows)
+        self._handles = LazyHandles(_open_rows)  # closed by their own close()
 
     def __len__(self) -> int:
         return self._len

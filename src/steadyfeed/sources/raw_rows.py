@@ -14,6 +14,11 @@ import numpy as np
 
 from .base import pread_fully
 
+GAP_BYTES = 64 * 1024  # unrequested bytes worth reading to save one read call (sources pass it in)
+# One HDF5 call costs about 10 us, one preadv about 2 us: one rule serves both. 32 scattered int64
+# labels of 20,000 take about 16 us as one span read against 40 us as 32 preadv (measured);
+# 16-256 KB all do.
+
 
 class RawRows(NamedTuple):
     """Where the rows lie: chunk ``k`` (``rows_per_chunk`` whole rows, or all of them when the
