@@ -204,7 +204,7 @@ def statuses(report) -> dict:
 
 
 @pytest.mark.parametrize("options", [
-    dict(drop_last=True, shard_count=3),
+    dict(last_batch="drop", shard_count=3),
     dict(last_batch="pad", shard_count=3),
     dict(last_batch="partial", shard_count=2),
 ])
@@ -214,7 +214,8 @@ def test_shards_and_last_batch_rules_pass_when_the_loader_keeps_them(options, no
     assert report.passed, report.table()
     once = [c for c in report.checks if c.name == "exactly_once"]
     cfg = loader.config
-    assert all(c.details["delivered"] == expected_count(50, 8, cfg.shard_count, cfg.last_batch) for c in once)
+    assert all(c.details["delivered"] == expected_count(50, 8, cfg.sharding.shard_count, cfg.read.last_batch)
+               for c in once)
 
 
 def test_weighted_sampler_is_checked_for_range_only():

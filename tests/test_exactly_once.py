@@ -31,7 +31,7 @@ def expected_ids(n, batch_size, drop_last):
 def test_exactly_once_threads(n, drop_last, workers, mode, no_leaks):
     batch_size = 64
     with Loader(paired_source(n), batch_size, shuffle=True, seed=3, workers=workers, mode=mode,
-                drop_last=drop_last, with_ids=True) as loader:
+                last_batch="drop" if drop_last else "partial", with_ids=True) as loader:
         for epoch in (0, 1):
             ids, batches = run_epoch_ids(loader, epoch)
             kept, num_batches = expected_ids(n, batch_size, drop_last)
@@ -45,7 +45,7 @@ def test_exactly_once_threads(n, drop_last, workers, mode, no_leaks):
 @pytest.mark.parametrize("workers", [1, 2, 4])
 def test_exactly_once_processes(n, batch_size, drop_last, workers, no_leaks):
     with Loader(paired_source(n), batch_size, shuffle=True, seed=5, workers=workers, mode="process",
-                drop_last=drop_last, with_ids=True) as loader:
+                last_batch="drop" if drop_last else "partial", with_ids=True) as loader:
         ids, batches = run_epoch_ids(loader)
     kept, num_batches = expected_ids(n, batch_size, drop_last)
     assert batches == num_batches
@@ -57,7 +57,7 @@ def test_exactly_once_processes(n, batch_size, drop_last, workers, no_leaks):
        drop_last=st.booleans(), shuffle=st.booleans(), seed=st.integers(0, 2**32), prefetch=st.integers(1, 5))
 def test_exactly_once_property(n, batch_size, workers, drop_last, shuffle, seed, prefetch):
     with Loader(paired_source(n), batch_size, shuffle=shuffle, seed=seed, workers=workers, prefetch=prefetch,
-                drop_last=drop_last, with_ids=True) as loader:
+                last_batch="drop" if drop_last else "partial", with_ids=True) as loader:
         ids, batches = run_epoch_ids(loader)
     kept, num_batches = expected_ids(n, batch_size, drop_last)
     assert batches == num_batches

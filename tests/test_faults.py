@@ -220,7 +220,7 @@ def test_a_worker_that_fails_to_start_unlinks_its_status_segment(error, no_leaks
 
     token = shm.owner_token()
     with pytest.raises(type(error)):
-        ProcessWorker(0, None, Context(), token, slots=2, sender=None)  # never reached: start fails first
+        ProcessWorker(0, None, Context(), token, slots=2, sender=None, consumer_slots=shm.ConsumerSlots())  # start fails first
     if os.path.isdir("/dev/shm"):
         assert [name for name in os.listdir("/dev/shm") if name.startswith(f"{shm.PREFIX}{token}")] == []
 

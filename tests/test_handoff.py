@@ -131,7 +131,7 @@ def test_a_new_epoch_restarts_a_measurement_but_not_a_decision():
     (dict(workers=2, mode="ray"), (H.FixedHandoff, True)),
 ])
 def test_which_handoff_a_configuration_gets(kwargs, expected):
-    handoff = H.make_handoff(LoaderConfig(batch_size=4, **kwargs))
+    handoff = H.make_handoff(LoaderConfig.build(batch_size=4, **kwargs))
     assert (type(handoff), handoff.to_workers) == expected
 
 
@@ -151,7 +151,7 @@ def test_the_loader_says_who_makes_its_batches():
 ])
 def test_contradicting_options_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        LoaderConfig(batch_size=4, **kwargs)
+        LoaderConfig.build(batch_size=4, **kwargs)
 
 
 # -- the loader with a scripted handoff ------------------------------------------------------

@@ -53,4 +53,4 @@ def test_batches_made_by_the_consumer_keep_its_priority():
 @pytest.mark.parametrize("bad", [-1, 20, 2.5])
 def test_niceness_out_of_range_is_refused(bad):
     with pytest.raises(ValueError, match="worker_niceness"):
-        LoaderConfig(batch_size=4, worker_niceness=bad)
+        LoaderConfig.build(batch_size=4, worker_niceness=bad)

@@ -70,8 +70,30 @@ def test_resume_with_ids_matches_reference_ids():
 def test_replace_changes_execution_not_batches(no_leaks):
     with make(workers=0) as a:
         b = a.replace(workers=2, mode="process")
-        assert (b.config.workers, b.config.mode, b.config.batch_size) == (2, "process", 16)
+        assert (b.config.execution.workers, b.config.execution.mode, b.config.read.batch_size) == (2, "process", 16)
         with b:
             assert epoch_digest(a.epoch(0)) == epoch_digest(b.epoch(0))
     with pytest.raises(ValueError, match="batch_size"):
         a.replace(batch_size=0)
+
+
+def test_state_saved_on_other_data_of_the_same_length_is_refused(tmp_path):
+    """Same length, same plan, other data: resuming would silently train on the wrong samples."""
+    from steadyfeed import ArraySource, NpyArray
+
+    x = np.arange(300 * 4, dtype=np.float64).reshape(300, 4)
+    first, second = tmp_path / "a.npy", tmp_path / "b.npy"
+    np.save(first, x)
+    np.save(second, x[::-1].copy())
+    with Loader(NpyArray(x=str(first)), 16, shuffle=True) as a:
+        next(iter(a))
+        state = a.state_dict()
+    with Loader(NpyArray(x=str(second)), 16, shuffle=True) as b:  # another file: another fingerprint
+        with pytest.raises(ValueError, match="different data or a different plan .*source"):
+            b.load_state_dict(state)
+    with Loader(ArraySource(x=x), 16, shuffle=True) as c:  # another kind of source of the same length
+        with pytest.raises(ValueError, match="NpyArray"):
+            c.load_state_dict(state)
+    with Loader(NpyArray(x=str(first)), 16, shuffle=True, workers=2) as d:  # the same data: accepted
+        d.load_state_dict(state)
+        assert d.state_dict()["next_batch"] == 1

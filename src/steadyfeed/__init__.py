@@ -1,6 +1,7 @@
 """steadyfeed: feed larger-than-memory data to Keras 3 through concurrent workers,
 exactly once, reproducibly, and never silently or stuck."""
-from .errors import DataError, SampleError, SampleTimeout, SteadyfeedError, TooManyErrors, WorkerDied
+from .config import ExecutionOptions, FailureOptions, LoaderConfig, ReadOptions, ShardOptions
+from .errors import DataError, RayClusterLost, SampleError, SampleTimeout, SteadyfeedError, TooManyErrors, WorkerDied
 from .loader import Loader
 from .locking import serialized
 from .packing import pack
@@ -18,13 +19,19 @@ __all__ = [
     "CsvSource",
     "DataError",
     "DiskCache",
+    "ExecutionOptions",
+    "FailureOptions",
     "Loader",
+    "LoaderConfig",
     "MemoryCache",
     "NpyArray",
     "NpyPairs",
+    "RayClusterLost",
+    "ReadOptions",
     "SampleError",
     "SampleTimeout",
     "SequentialSampler",
+    "ShardOptions",
     "ShuffleSampler",
     "SteadyfeedError",
     "TFRecordSource",

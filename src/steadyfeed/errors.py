@@ -64,5 +64,15 @@ class TooManyErrors(SteadyfeedError):
     """More samples failed in one epoch than ``max_error_fraction`` allows."""
 
 
+class RayClusterLost(SteadyfeedError, RuntimeError):
+    """The Ray cluster cannot run a loader's actors any more: it went away (``ray.shutdown()``,
+    head node lost) or cannot start them (too few CPUs, nodes gone). ``address`` names the
+    cluster."""
+
+    def __init__(self, message: str, *, address: str | None = None):
+        super().__init__(message)
+        self.address = address
+
+
 class RemoteError(Exception):
     """Stands in for a worker exception that could not be pickled back to the consumer."""

@@ -12,28 +12,26 @@ Guarantees (each proven by a test named in the README):
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import os
+import re
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
-from .config import LoaderConfig
+from .config import ExecutionOptions, FailureOptions, LoaderConfig, ReadOptions, ShardOptions
 from .errors import SampleError, SampleTimeout, TooManyErrors, WorkerDied
-from .execution.handoff import make_handoff
-from .execution.pool import make_pool
+from .execution.handoff import FixedHandoff, make_handoff
+from .execution.pool import InlinePool, make_pool
 from .execution.scheduler import EpochRun, Outcome
-from .execution.batch import run_batch
-from .execution.task import BatchTask, SampleFailure, StatusSlot, WorkContext
+from .execution.task import SampleFailure, WorkContext
 from .quarantine import Quarantine, QuarantineEntry
 from .sampling.plan import build_plan
 from .sampling.samplers import SequentialSampler, ShuffleSampler
 from .stats import LoaderStats
-from .sources.base import check_source, close_source, locate
+from .sources.base import check_source, close_source, fingerprint, locate
 
 STATE_FORMAT = "steadyfeed.loader/1"
 _ERROR_CLASSES = {"error": SampleError, "timeout": SampleTimeout, "died": WorkerDied}
@@ -42,54 +40,36 @@ _ERROR_CLASSES = {"error": SampleError, "timeout": SampleTimeout, "died": Worker
 class Loader:
     """Batches of a random-access ``source``, read and transformed by concurrent workers.
 
-    See ``LoaderConfig`` for the options. ``iter(loader)`` runs from the loader's
-    cursor: the next batch not yet handed out (the start of the next epoch after a
-    finished one; after ``load_state_dict``, the saved position). ``loader.epoch(e)``
-    yields the batches of epoch ``e`` from its start.
+    Options (``config.py``, where each is documented) come as flat keywords, e.g.
+    ``Loader(source, 64, shuffle=True, workers=4, mode="process", on_error="skip")``, as
+    groups (``read=ReadOptions(...)``, ``execution=ExecutionOptions(...)``,
+    ``failure=FailureOptions(...)``, ``sharding=ShardOptions(...)``), or as one
+    ``config=LoaderConfig(...)``; ``loader.config`` is the config in use.
+
+    ``iter(loader)`` runs from the loader's cursor: the next batch not yet handed out (the
+    start of the next epoch after a finished one; after ``load_state_dict``, the saved
+    position). ``loader.epoch(e)`` yields the batches of epoch ``e`` from its start.
     """
 
-    def __init__(
-        self,
-        source: Any,
-        batch_size: int,
-        *,
-        shuffle: bool = False,
-        seed: int = 0,
-        transform: Callable | None = None,
-        workers: int = 0,
-        mode: str = "thread",
-        prefetch: int | None = None,
-        drop_last: bool = False,
-        shard_index: int = 0,
-        shard_count: int = 1,
-        last_batch: str | None = None,
-        on_error: str = "raise",
-        retries: int = 0,
-        timeout: float | None = None,
-        quarantine: str | os.PathLike | None = None,
-        with_ids: bool = False,
-        sampler: Any = None,
-        max_error_fraction: float = 0.1,
-        inline_when_faster: bool | None = None,
-        worker_niceness: int = 5,
-    ):
+    def __init__(self, source: Any, batch_size: int | None = None, *, config: LoaderConfig | None = None,
+                 read: ReadOptions | None = None, execution: ExecutionOptions | None = None,
+                 failure: FailureOptions | None = None, sharding: ShardOptions | None = None,
+                 **options: Any):
         check_source(source)
-        if drop_last and last_batch not in (None, "drop"):
-            raise ValueError(f"drop_last=True contradicts last_batch={last_batch!r}")
+        if batch_size is not None:
+            options["batch_size"] = batch_size
+        if config is not None and not isinstance(config, LoaderConfig):
+            raise TypeError(f"config must be a LoaderConfig, got {type(config).__name__}")
         self.source = source
-        self.config = LoaderConfig(
-            batch_size=batch_size, shuffle=shuffle, seed=seed, transform=transform, workers=workers,
-            mode=mode, prefetch=prefetch, last_batch="drop" if drop_last else (last_batch or "partial"),
-            shard_index=shard_index, shard_count=shard_count, on_error=on_error, retries=retries,
-            timeout=timeout, quarantine=quarantine, with_ids=with_ids, sampler=sampler,
-            max_error_fraction=max_error_fraction, inline_when_faster=inline_when_faster,
-            worker_niceness=worker_niceness,
-        )
-        self.sampler = sampler or (ShuffleSampler() if shuffle else SequentialSampler())
-        self._quarantine = Quarantine(quarantine)
+        self.config = LoaderConfig.build(config, read=read, execution=execution, failure=failure,
+                                         sharding=sharding, **options)
+        cfg = self.config.read
+        self.sampler = cfg.sampler or (ShuffleSampler() if cfg.shuffle else SequentialSampler())
+        self._quarantine = Quarantine(self.config.failure.quarantine)
         self._stats = LoaderStats()
         self._cursor = (0, 0)  # (epoch, next batch index)
         self._cached_plan: tuple = (None, None)
+        self._source_identity: dict | None = None  # computed once, when a state is first saved or loaded
         self._pool = None
         self._handoff = make_handoff(self.config)  # who makes each batch; measured anew with each new pool
         self._task_ids = itertools.count()
@@ -97,23 +77,18 @@ class Loader:
         self._closed = False
         self._finalizer = weakref.finalize(self, _shutdown_pool, self.__dict__)
 
-    def replace(self, **changes) -> "Loader":
+    def replace(self, **changes: Any) -> "Loader":
         """A new loader over the same source with some options changed, e.g.
         ``loader.replace(workers=4, mode="process")``. The new loader starts at epoch 0."""
-        options = {f.name: getattr(self.config, f.name) for f in dataclasses.fields(self.config)}
-        options["sampler"] = self.sampler if not self.config.shuffle else None
-        options.update(changes)
-        if "drop_last" in options:
-            options["last_batch"] = "drop" if options.pop("drop_last") else options["last_batch"]
-        return Loader(self.source, **options)
+        return Loader(self.source, config=self.config.replace(**changes))
 
     # -- plan ---------------------------------------------------------------------------
     def _plan(self, epoch: int):
         if self._cached_plan[0] != epoch:  # len(loader) is asked often; an order is O(N) to draw
-            cfg = self.config
-            order = self.sampler.epoch_order(len(self.source), cfg.seed, epoch)
-            plan = build_plan(order, batch_size=cfg.batch_size, shard_index=cfg.shard_index,
-                              shard_count=cfg.shard_count, last_batch=cfg.last_batch,
+            read, shard = self.config.read, self.config.sharding
+            order = self.sampler.epoch_order(len(self.source), read.seed, epoch)
+            plan = build_plan(order, batch_size=read.batch_size, shard_index=shard.shard_index,
+                              shard_count=shard.shard_count, last_batch=read.last_batch,
                               with_draws=bool(getattr(self.sampler, "may_repeat", False)))
             self._cached_plan = (epoch, plan)
         return self._cached_plan[1]
@@ -137,15 +112,11 @@ class Loader:
         plan = self._plan(epoch)
         if not self._active.acquire(blocking=False):
             raise RuntimeError("this Loader is already running an epoch; finish or close that iterator first")
-        cfg = self.config
         finished = False
         started = time.perf_counter()  # first-batch latency includes starting the workers
         try:
-            run = EpochRun(self._ensure_pool(), plan, epoch=epoch, start=start,
-                           prefetch=cfg.effective_prefetch, retries=cfg.retries,
-                           stop_on_failure=cfg.on_error == "raise", task_ids=self._task_ids,
-                           max_blameless_deaths=max(3, 2 * cfg.workers), stats=self._stats,
-                           handoff=self._handoff)
+            run = self._epoch_run(self._ensure_pool(), self._handoff, plan, epoch, start,
+                                  self.config.execution.effective_prefetch, self._stats)
             skipped_before = self._quarantine.count(epoch)
             planned = sum(spec.num_real for spec in plan)
             for outcome in run:
@@ -163,47 +134,56 @@ class Loader:
                 self._shutdown_pool()
             self._active.release()
 
+    def _epoch_run(self, pool, handoff, plan, epoch: int, start: int, prefetch: int, stats: LoaderStats) -> EpochRun:
+        failure = self.config.failure
+        return EpochRun(pool, plan, epoch=epoch, start=start, prefetch=prefetch, retries=failure.retries,
+                        stop_on_failure=pool.ctx.stop_on_failure, task_ids=self._task_ids,
+                        max_blameless_deaths=max(3, 2 * self.config.execution.workers), stats=stats,
+                        handoff=handoff)
+
     def peek(self, batch_index: int = 0, epoch: int | None = None) -> dict:
         """Batch ``batch_index`` of ``epoch`` (default: the cursor's), computed in this thread.
 
-        Identical to what iteration yields for that batch, without starting workers or
-        moving the cursor: for inspecting a batch, or telling a framework the shapes.
-        Failures raise as under on_error="raise".
+        Identical to what iteration yields for that batch (it is made by the same scheduler,
+        as with ``workers=0``), without starting workers or moving the cursor: for inspecting
+        a batch, or telling a framework the shapes. Failures raise as under on_error="raise".
         """
         epoch = self._cursor[0] if epoch is None else int(epoch)
         plan = self._plan(epoch)
         if not 0 <= batch_index < len(plan):
             raise IndexError(f"batch {batch_index} out of range: epoch {epoch} has {len(plan)} batches")
-        task = BatchTask(-1, epoch, plan[batch_index])
-        result = run_batch(task, self._work_context(stop_on_failure=True), StatusSlot([-1, -1, 0.0]))
-        if result.failures:
-            raise self._sample_error(result.failures[0], epoch, batch_index)
-        return self._public(result.arrays)
+        run = self._epoch_run(InlinePool(self._work_context(stop_on_failure=True)), FixedHandoff(to_workers=False),
+                              plan, epoch, batch_index, prefetch=1, stats=LoaderStats())
+        outcome = next(iter(run))
+        if outcome.failures:
+            raise self._sample_error(outcome.failures[0], epoch, batch_index)
+        return self._public(outcome.arrays)
 
     def _work_context(self, stop_on_failure: bool) -> WorkContext:
-        cfg = self.config
-        return WorkContext(self.source, cfg.transform, int(cfg.seed), cfg.retries, stop_on_failure,
-                           cfg.worker_niceness)
+        read = self.config.read
+        return WorkContext(self.source, read.transform, int(read.seed), self.config.failure.retries, stop_on_failure,
+                           self.config.execution.worker_niceness)
 
     def _public(self, batch: dict) -> dict:
         """The batch as users see it: "id" only when asked for."""
-        if not self.config.with_ids:
+        if not self.config.read.with_ids:
             batch.pop("id")
         return batch
 
     def _ensure_pool(self):
         if self._pool is None:
-            cfg = self.config
-            ctx = self._work_context(stop_on_failure=cfg.on_error == "raise")
-            self._pool = make_pool(cfg.mode, cfg.workers, ctx, cfg.timeout)
-            self._handoff = make_handoff(cfg)
+            execution, failure = self.config.execution, self.config.failure
+            ctx = self._work_context(stop_on_failure=failure.on_error == "raise")
+            self._pool = make_pool(execution.mode, execution.workers, ctx, failure.timeout)
+            self._handoff = make_handoff(self.config)
         return self._pool
 
     # -- delivery and failure policy ---------------------------------------------------
     def _deliver(self, outcome: Outcome, epoch: int, planned: int, skipped_before: int) -> dict | None:
         spec = outcome.spec
         failures = [f for f in outcome.failures if f.position < spec.num_real]  # fillers fail elsewhere too
-        if failures and self.config.on_error == "raise":
+        policy = self.config.failure
+        if failures and policy.on_error == "raise":
             raise self._sample_error(failures[0], epoch, spec.index)
         for failure in failures:
             self._quarantine.add(QuarantineEntry(
@@ -213,10 +193,10 @@ class Loader:
             ))
         self._stats.skipped += len(failures)
         skipped = self._quarantine.count(epoch) - skipped_before
-        if skipped > self.config.max_error_fraction * planned:
+        if skipped > policy.max_error_fraction * planned:
             raise TooManyErrors(
                 f"{skipped} of {planned} samples of epoch {epoch} failed, more than "
-                f"max_error_fraction={self.config.max_error_fraction}; last: sample {failures[-1].sample_id}: "
+                f"max_error_fraction={policy.max_error_fraction}; last: sample {failures[-1].sample_id}: "
                 f"{failures[-1].error_type}: {failures[-1].message}. See loader.quarantine_report()."
             )
         self._stats.add_stages(outcome.timings)
@@ -263,10 +243,13 @@ class Loader:
 
     # -- resume ---------------------------------------------------------------------------
     def _fingerprint(self) -> dict:
-        cfg = self.config
-        return {"num_items": len(self.source), "batch_size": cfg.batch_size, "seed": int(cfg.seed),
-                "sampler": repr(self.sampler), "last_batch": cfg.last_batch,
-                "shard_index": cfg.shard_index, "shard_count": cfg.shard_count}
+        """What a saved position depends on: the data (its size and identity) and the plan."""
+        read, shard = self.config.read, self.config.sharding
+        if self._source_identity is None:  # a fingerprint() may stat every file: once per loader
+            self._source_identity = source_identity(self.source)
+        return {"num_items": len(self.source), "source": self._source_identity, "batch_size": read.batch_size,
+                "seed": int(read.seed), "sampler": repr(self.sampler), "last_batch": read.last_batch,
+                "shard_index": shard.shard_index, "shard_count": shard.shard_count}
 
     def state_dict(self) -> dict:
         """Where the loader stands: the next batch to hand out. JSON-serializable."""
@@ -274,14 +257,15 @@ class Loader:
         return {"format": STATE_FORMAT, "epoch": epoch, "next_batch": next_batch, "fingerprint": self._fingerprint()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state``; workers and mode may differ from the saving loader's."""
+        """Continue from ``state``; workers and mode may differ from the saving loader's, the
+        data and the plan may not (a state saved on other data of the same length is refused)."""
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"not a steadyfeed loader state (format {state.get('format')!r}, expected {STATE_FORMAT!r})")
         mine = self._fingerprint()
         diff = {k: (v, mine.get(k)) for k, v in state["fingerprint"].items() if mine.get(k) != v}
         if diff:
             detail = ", ".join(f"{k}: saved {a!r}, here {b!r}" for k, (a, b) in diff.items())
-            raise ValueError(f"this state was saved by a loader with a different plan ({detail})")
+            raise ValueError(f"this state was saved by a loader with different data or a different plan ({detail})")
         self._cursor = (int(state["epoch"]), int(state["next_batch"]))
 
     # -- frameworks (imported only when asked for) -------------------------------------
@@ -317,9 +301,9 @@ class Loader:
         self.close()
 
     def __repr__(self) -> str:
-        cfg = self.config
-        return (f"Loader({self.source!r}, batch_size={cfg.batch_size}, workers={cfg.workers}, "
-                f"mode={cfg.mode!r}, sampler={self.sampler!r})")
+        read, execution = self.config.read, self.config.execution
+        return (f"Loader({self.source!r}, batch_size={read.batch_size}, workers={execution.workers}, "
+                f"mode={execution.mode!r}, sampler={self.sampler!r})")
 
 
 def _shutdown_pool(state: dict) -> None:
@@ -327,3 +311,12 @@ def _shutdown_pool(state: dict) -> None:
     pool, state["_pool"] = state.get("_pool"), None
     if pool is not None:
         pool.shutdown()
+
+
+def source_identity(source: Any) -> dict:
+    """The source's type and ``fingerprint()`` (or, without one, its repr less any memory
+    address): two datasets of one length but different content or kind tell apart."""
+    kind = type(source)
+    fp = fingerprint(source)
+    return {"type": f"{kind.__module__}.{kind.__qualname__}",
+            "fingerprint": fp if fp is not None else re.sub(r" at 0x[0-9a-fA-F]+", "", repr(source))}

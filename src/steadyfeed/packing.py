@@ -31,6 +31,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from .errors import DataError, SampleError
+from .files import fsync_directory
 from .loader import Loader
 from .progress import progress_bar
 from .sources.base import close_source, locate, read_many
@@ -230,14 +231,6 @@ def _check_target(out_dir: Path) -> None:
 
 def _publish(staging: Path, out_dir: Path) -> None:
     """One rename makes the finished dataset appear (it may replace an empty directory)."""
-    _fsync_dir(staging)
+    fsync_directory(staging)
     os.rename(staging, out_dir)
-    _fsync_dir(out_dir.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_directory(out_dir.parent)

@@ -21,7 +21,8 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 import numpy as np
 
 from .errors import DataError
-from .sources.base import check_source, close_source, locate
+from .sources.base import locate
+from .sources.wrapper import SourceWrapper
 
 DRIFT_THRESHOLD = 0.1  # total variation distance above which two label distributions are said to drift
 
@@ -86,7 +87,7 @@ def sample_problems(sample_id: Any, sample: Mapping[str, Any], checks: Sequence[
     return found
 
 
-class Checked:
+class Checked(SourceWrapper):
     """A source whose samples must pass ``checks`` (names in :data:`CHECKS`) on ``keys``
     (default: every key) and, per key in ``shapes``, have exactly that shape.
 
@@ -97,25 +98,18 @@ class Checked:
         Loader(Checked(source, checks=("finite", "not_constant")), 64, on_error="skip")
 
     ``len``, ``read_many``, ``locate``, ``fingerprint`` and ``close`` go to the wrapped
-    source; a batch read whose samples fail is redone sample by sample by the Loader, so
-    the failure is pinned on its own id. Picklable when the source is.
+    source (``sources/wrapper.py``); a batch read whose samples fail is redone sample by
+    sample by the Loader, so the failure is pinned on its own id. Picklable when the source is.
     """
 
     def __init__(self, source: Any, checks: Iterable[str] | str = ("finite", "not_constant"), *,
                  keys: Iterable[str] | None = None, shapes: Mapping[str, Sequence[int]] | None = None):
-        check_source(source)
-        self.source = source
+        super().__init__(source)
         self.checks = check_names(checks)
         self.keys = None if keys is None else tuple(keys)
         self.shapes = {key: tuple(int(d) for d in shape) for key, shape in (shapes or {}).items()}
 
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def __getitem__(self, i: int):
-        return self._checked(i, self.source[i])
-
-    def _checked(self, i: int, sample):
+    def wrap_sample(self, i: int, sample):
         problems = sample_problems(i, sample, self.checks, self.keys)
         problems += [Problem(i, key, "shape", f"expected shape {shape}, found {np.shape(sample[key])}")
                      for key, shape in self.shapes.items() if np.shape(sample[key]) != shape]
@@ -125,23 +119,8 @@ class Checked:
                             + (f"; and {len(problems) - 1} more" if len(problems) > 1 else ""))
         return sample
 
-    @property
-    def read_many(self):  # a property: a source without read_many gives a wrapper without it
-        inner = self.source.read_many
-        return lambda ids: [self._checked(int(i), s) for i, s in zip(ids, inner(ids))]
-
-    def __getattr__(self, name: str):
-        # locate and fingerprint exist exactly when the source has them, so that the engine's
-        # helpers see None for a source without them rather than a method that fails
-        if name in ("locate", "fingerprint"):
-            return getattr(self.source, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def close(self) -> None:
-        close_source(self.source)
-
-    def __repr__(self) -> str:
-        return f"Checked({self.source!r}, checks={self.checks}" + (f", shapes={self.shapes})" if self.shapes else ")")
+    def _repr_options(self) -> str:
+        return f", checks={self.checks}" + (f", shapes={self.shapes}" if self.shapes else "")
 
 
 # -- per dataset ----------------------------------------------------------------------------------

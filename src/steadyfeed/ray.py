@@ -16,12 +16,12 @@ in ``execution/ray_pool.py``, so the core never needs it (``pip install 'steadyf
 from __future__ import annotations
 
 import bisect
-import os
 from typing import Any
 
 import ray  # absolute import: the Ray package, not this module
 
-from .execution.ray_pool import RayClusterLost
+from .errors import RayClusterLost
+from .execution.ray_pool import ray_init_options
 
 __all__ = ["RayClusterLost", "RayDatasetSource", "init", "source_from_ray_dataset", "to_ray_dataset"]
 
@@ -32,13 +32,6 @@ def init(address: str | None = None, num_cpus: int | None = None, **kwargs: Any)
     ``num_cpus`` CPUs (never silently joining whatever ``ray start`` last left on this machine).
     No dashboard; calling it again while connected is a no-op. Returns Ray's context."""
     return ray.init(**ray_init_options(address, num_cpus, **kwargs))
-
-
-def ray_init_options(address: str | None = None, num_cpus: int | None = None, **kwargs: Any) -> dict:
-    options = {"include_dashboard": False, "ignore_reinit_error": True, **kwargs}
-    if address is None and not os.environ.get("RAY_ADDRESS"):
-        address, options["num_cpus"] = "local", num_cpus
-    return {"address": address, **options}
 
 
 # -- Ray Data -> steadyfeed ---------------------------------------------------------------

@@ -54,6 +54,20 @@ class LoaderStats:
             "first_batch_seconds": self.first_batch_seconds,
             "stage_seconds": dict(self.stage_seconds),
             "queue_fill_mean": self.fill_total / self.batches if self.batches else 0.0,
+            "queue_fill_total": self.fill_total,
             "queue_fill_max": self.fill_max,
             "queue_fill_timeline": list(self.fill_timeline),
         }
+
+
+COUNTERS = ("batches", "samples", "skipped", "wait_seconds", "inline_batches", "queue_fill_total")
+
+
+def stats_delta(before: dict, after: dict) -> dict:
+    """What happened between two ``loader.stats()`` snapshots: every counter's difference,
+    each stage's seconds, and the mean queue fill over the batches in between."""
+    delta = {key: after[key] - before[key] for key in COUNTERS}
+    delta["stage_seconds"] = {stage: seconds - before["stage_seconds"].get(stage, 0.0)
+                              for stage, seconds in after["stage_seconds"].items()}
+    delta["queue_fill_mean"] = delta["queue_fill_total"] / delta["batches"] if delta["batches"] else 0.0
+    return delta

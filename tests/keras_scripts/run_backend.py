@@ -280,9 +280,10 @@ def main() -> None:
 
     def monitor_figures():
         from steadyfeed.keras import epoch_figures
+        from steadyfeed.stats import LoaderStats
 
-        before = {"batches": 10, "samples": 320, "wait_seconds": 1.0, "queue_fill_mean": 2.0, "skipped": 0}
-        after = {"batches": 30, "samples": 960, "wait_seconds": 1.5, "queue_fill_mean": 3.0, "skipped": 2}
+        before = LoaderStats(batches=10, samples=320, wait_seconds=1.0, fill_total=20, skipped=0).as_dict()
+        after = LoaderStats(batches=30, samples=960, wait_seconds=1.5, fill_total=90, skipped=2).as_dict()
         return epoch_figures(before, after, seconds=4.0)
 
     check("monitor_figures", monitor_figures)

@@ -12,8 +12,8 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..sampling.seeds import SampleStreams
-from ..sources.base import read_columns, read_many
-from .task import COLLATING, READING_BATCH, BatchResult, BatchTask, SampleFailure, StatusSlot, WorkContext
+from ..sources.base import as_sample, read_columns, read_many
+from .task import BatchResult, BatchTask, SampleFailure, Stage, StatusSlot, WorkContext
 
 # allocate(specs) -> {key: empty array}; specs is {key: (shape, dtype)}
 Allocator = Callable[[dict], dict]
@@ -33,18 +33,6 @@ def _failure(position: int, sample_id: int, attempts: int, exc: BaseException) -
         traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
         exception=exc,
     )
-
-
-def _as_sample(raw) -> dict[str, np.ndarray]:
-    if not isinstance(raw, Mapping):
-        raise TypeError(f"a sample must be a dict of arrays, got {type(raw).__name__}")
-    sample = {}
-    for key, value in raw.items():
-        arr = value if type(value) is np.ndarray else np.asarray(value)
-        if arr.dtype == object:
-            raise TypeError(f"key {key!r} has dtype object; samples must hold numeric or string arrays")
-        sample[str(key)] = arr
-    return sample
 
 
 class _Reader:
@@ -85,7 +73,7 @@ class _Reader:
                 sample = dict(raw)
                 if ctx.transform is not None:
                     sample = ctx.transform(sample, self.streams.rng(self.task.epoch, sample_id, draw))
-                sample = _as_sample(sample)
+                sample = as_sample(sample)
                 self.transform_seconds += time.perf_counter() - t1
                 return sample
             except Exception as exc:  # noqa: BLE001 - any sample failure is reported, never swallowed
@@ -172,15 +160,15 @@ def collate_columns(columns: dict[str, np.ndarray], task: BatchTask, allocate: A
 def run_batch(task: BatchTask, ctx: WorkContext, status: StatusSlot, allocate: Allocator = numpy_allocator,
               should_stop: Callable[[], bool] = lambda: False) -> BatchResult:
     spec = task.spec
-    status.begin(task.task_id, READING_BATCH)
+    status.begin(task.task_id, Stage.READING_BATCH)
     reader = _Reader(task, ctx)
     if reader.columns is not None:
-        status.begin(task.task_id, COLLATING)
+        status.begin(task.task_id, Stage.COLLATING)
         t0 = time.perf_counter()
         arrays = collate_columns(reader.columns, task, allocate)
         timings = {"read": reader.read_seconds, "transform": 0.0, "collate": time.perf_counter() - t0}
         status.idle()
-        return BatchResult(task.task_id, spec.index, arrays, [], timings)
+        return BatchResult(task.task_id, spec.index, arrays, (), timings)
     samples: dict[int, dict] = {}
     failures: list[SampleFailure] = []
     for position in range(len(spec.ids)):
@@ -194,7 +182,7 @@ def run_batch(task: BatchTask, ctx: WorkContext, status: StatusSlot, allocate: A
             failures.append(outcome)
         else:
             samples[position] = outcome
-    status.begin(task.task_id, COLLATING)
+    status.begin(task.task_id, Stage.COLLATING)
     t0 = time.perf_counter()
     while samples and not (failures and ctx.stop_on_failure):
         bad = _mismatch(samples, spec.ids, min(samples))
@@ -210,5 +198,4 @@ def run_batch(task: BatchTask, ctx: WorkContext, status: StatusSlot, allocate: A
         "collate": time.perf_counter() - t0,
     }
     status.idle()
-    failures.sort(key=lambda f: f.position)
-    return BatchResult(task.task_id, spec.index, arrays, failures, timings)
+    return BatchResult(task.task_id, spec.index, arrays, tuple(sorted(failures, key=lambda f: f.position)), timings)

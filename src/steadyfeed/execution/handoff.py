@@ -138,8 +138,9 @@ class MeasuredHandoff:
 
 
 def make_handoff(config) -> FixedHandoff | MeasuredHandoff:
-    if config.workers == 0:
+    """The handoff a ``LoaderConfig`` asks for."""
+    if config.execution.workers == 0:
         return FixedHandoff(to_workers=False)
     if not config.makes_batches_inline:
         return FixedHandoff(to_workers=True)
-    return MeasuredHandoff(settle=config.effective_prefetch)
+    return MeasuredHandoff(settle=config.execution.effective_prefetch)

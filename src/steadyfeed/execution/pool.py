@@ -1,39 +1,25 @@
-"""The pool: hands tasks to workers and turns what happens to them into events.
+"""Pools: the protocol of ``protocol.py`` carried out by no workers, threads or processes
+(and, in ``ray_pool.py``, Ray actors), with the bookkeeping they share in :class:`WorkerPool`.
 
-Events are ``Done(result)`` and ``Lost(tasks, running, cause, detail)``. A worker
-is *lost* when it dies (a process killed by a signal, a thread hit by a
-``BaseException``) or when the sample it is on runs past ``timeout``; the pool then
-replaces it, and the consumer decides what the lost tasks become (``loader.py``).
-Death is seen at once through process sentinels; timeouts within a poll interval.
+A worker is *lost* when it dies (a process killed by a signal, a thread hit by a
+``BaseException``, an actor whose process or node went away) or when the sample it is on
+runs past ``timeout``; the pool then replaces it and reports ``Lost``, and the scheduler
+decides what the lost tasks become (``scheduler.py``). Death is seen at once (process
+sentinels, the thread's own report), timeouts within a poll interval.
 """
 from __future__ import annotations
 
 import queue
-import time
-from dataclasses import dataclass
 
 from . import shm
 from .batch import run_batch
+from .protocol import Done, Event, Lost
 from .receiver import ResultReceiver
 from .sender import TaskSender
 from .task import BatchResult, BatchTask, StatusSlot, WorkContext
 from .workers import ProcessWorker, ThreadWorker, process_context
 
 TASKS_PER_WORKER = 2  # one running, one queued behind it, so no worker idles between tasks
-EXIT_SECONDS = 0.5  # how long a worker whose pipe closed gets to show its exit code
-
-
-@dataclass
-class Done:
-    result: BatchResult
-
-
-@dataclass
-class Lost:
-    tasks: list[BatchTask]  # every task the worker held, in the order it got them
-    running: tuple[int, int] | None  # (task_id, position) it was on when lost, if inside a task
-    cause: str  # "died" or "timeout"
-    detail: str
 
 
 class InlinePool:
@@ -46,21 +32,28 @@ class InlinePool:
     def free_slots(self) -> int:
         return 0
 
+    def submit(self, task: BatchTask) -> None:
+        raise RuntimeError("steadyfeed bug: a task was submitted to a pool without workers")
+
     def run_here(self, task: BatchTask) -> BatchResult:
-        """Make the batch in the consumer's own thread (never interrupted: no timeout applies)."""
         return run_batch(task, self.ctx, self._status)
 
-    def drain(self) -> list:
+    def drain(self) -> list[Event]:
         return []
 
-    def wait(self, timeout: float) -> list:
+    def wait(self, timeout: float) -> list[Event]:
         raise RuntimeError("steadyfeed bug: waited on a pool without workers")  # a spin would be a hang
 
     def shutdown(self) -> None:
         pass
 
 
-class _WorkerPool(InlinePool):
+class WorkerPool(InlinePool):
+    """What every pool of workers shares: starting ``size`` workers, handing each task to the
+    least busy one, at most ``TASKS_PER_WORKER`` per worker, finding samples past ``timeout``,
+    and replacing a lost worker. A subclass makes the workers (``_new_worker``) and collects
+    their news (``_collect``)."""
+
     def __init__(self, ctx: WorkContext, size: int, timeout: float | None):
         super().__init__(ctx)
         self.size, self.timeout = size, timeout
@@ -69,75 +62,95 @@ class _WorkerPool(InlinePool):
         try:
             for _ in range(size):
                 self._spawn()
+            self._started()
         except BaseException:
             self.shutdown()  # a worker that failed to start must not strand the ones that did
             raise
 
-    def _spawn(self):
-        wid, self._next_wid = self._next_wid, self._next_wid + 1
-        self.workers[wid] = self._new_worker(wid)
+    # -- for subclasses ------------------------------------------------------------------
+    def _new_worker(self, wid: int):
+        raise NotImplementedError
 
+    def _collect(self, timeout: float) -> list[Event]:
+        """Events, waiting up to ``timeout`` seconds for the first."""
+        raise NotImplementedError
+
+    def _started(self) -> None:
+        """Called once the first workers are spawned."""
+
+    def _prepare(self, task: BatchTask, worker) -> BatchTask:
+        """The task as ``worker`` is to get it."""
+        return task
+
+    def _check(self) -> list[Event]:
+        """Whatever must be looked at between waits; by default, the timeouts."""
+        return self._expire_timeouts()
+
+    def _before_respawn(self, cause: str) -> None:
+        """Called when a worker was lost, before its replacement starts."""
+
+    def _wait_interval(self, timeout: float) -> float:
+        """The longest single wait: timeouts must be looked at in time."""
+        return timeout if self.timeout is None else min(timeout, max(self.timeout / 4, 0.01))
+
+    # -- the protocol --------------------------------------------------------------------
     def free_slots(self) -> int:
         return sum(TASKS_PER_WORKER - len(w.outstanding) for w in self.workers.values())
 
     def submit(self, task: BatchTask) -> None:
         worker = min(self.workers.values(), key=lambda w: len(w.outstanding))
-        self._prepare(task, worker)
-        worker.send(task)
+        worker.send(self._prepare(task, worker))
 
-    def _prepare(self, task: BatchTask, worker) -> None:
-        pass
+    def wait(self, timeout: float) -> list[Event]:
+        return self._collect(self._wait_interval(timeout)) + self._check()
 
-    def wait(self, timeout: float) -> list:
-        poll = timeout if self.timeout is None else min(timeout, max(self.timeout / 4, 0.01))
-        events = self._collect(poll)
-        events.extend(self._expire_timeouts())
-        return events
-
-    def drain(self) -> list:
-        """Events that already happened, without blocking."""
-        return self._collect(0) + self._expire_timeouts()
-
-    def _lose(self, wid: int, cause: str, detail: str) -> Lost:
-        worker = self.workers.pop(wid)
-        running = worker.status.read()
-        worker.abandon()
-        self._after_stop(worker)
-        self._spawn()
-        tasks = list(worker.outstanding.values())
-        return Lost(tasks, running[:2] if running else None, cause, detail)
-
-    def _after_stop(self, worker) -> None:
-        pass
-
-    def _expire_timeouts(self) -> list:
-        if self.timeout is None:
-            return []
-        now, lost = time.monotonic(), []
-        for wid, worker in list(self.workers.items()):
-            running = worker.status.read()
-            if running is not None and running[1] >= 0 and now - running[2] > self.timeout:
-                lost.append(self._lose(wid, "timeout", f"ran past timeout={self.timeout}s"))
-        return lost
+    def drain(self) -> list[Event]:
+        return self._collect(0) + self._check()
 
     def shutdown(self) -> None:
         workers, self.workers = list(self.workers.values()), {}
-        for worker in workers:  # tell every thread first, so they stop in parallel
-            if worker.kind == "thread":
-                worker.abandon()
+        for worker in workers:  # tell every worker first, so they stop in parallel
+            worker.signal_stop()
         for worker in workers:
             worker.stop()
-            self._after_stop(worker)
+
+    # -- shared bookkeeping ----------------------------------------------------------------
+    def _spawn(self) -> None:
+        wid, self._next_wid = self._next_wid, self._next_wid + 1
+        self.workers[wid] = self._new_worker(wid)
+
+    def _done(self, wid: int, result: BatchResult) -> list[Event]:
+        """A worker's result: [Done], or nothing for a worker already lost (its tasks re-ran)."""
+        worker = self.workers.get(wid)
+        if worker is None:
+            return []
+        worker.outstanding.pop(result.task_id, None)
+        return [Done(result)]
+
+    def _lose(self, wid: int, cause: str, detail: str) -> Lost:
+        worker = self.workers.pop(wid)
+        running = worker.running()  # before it is stopped: where it was, not where it is found dead
+        worker.abandon()
+        self._before_respawn(cause)
+        self._spawn()
+        return Lost(tuple(worker.outstanding.values()), running, cause, detail)
+
+    def _expire_timeouts(self) -> list[Event]:
+        if self.timeout is None:
+            return []
+        late = [wid for wid, worker in self.workers.items()
+                if (r := worker.running()) is not None and r.in_sample and r.elapsed > self.timeout]
+        return [self._lose(wid, "timeout", f"ran past timeout={self.timeout}s") for wid in late]
 
 
-class _OutboxPool(_WorkerPool):
+class _OutboxPool(WorkerPool):
     """Workers whose news arrives on one queue, ``self._outbox`` (made by the subclass before
-    its workers start): ``("done", wid, result)``, ``("died", wid, detail)``. Waiting for
-    news is one blocking ``get``, not a poll."""
+    its workers start): ``("done", wid, result)``, ``("died", wid, detail)``, and
+    ``("crashed", -1, traceback)`` from a helper thread. Waiting is one blocking ``get``."""
 
     _outbox: queue.SimpleQueue
 
-    def _collect(self, timeout: float) -> list:
+    def _collect(self, timeout: float) -> list[Event]:
         if timeout <= 0 and self._outbox.empty():
             return []  # the common case of drain(): nothing new, no exception raised and caught
         events = []
@@ -149,20 +162,14 @@ class _OutboxPool(_WorkerPool):
         except queue.Empty:
             return events
 
-    def _handle(self, kind: str, wid: int, payload) -> list:
+    def _handle(self, kind: str, wid: int, payload) -> list[Event]:
         if kind == "crashed":
             raise RuntimeError(f"steadyfeed bug: a thread of the pool that sends tasks or receives results "
                                f"failed:\n{payload}")
-        worker = self.workers.get(wid)
-        if worker is None:  # an abandoned worker finished late: its tasks were already re-run
-            return []
         if kind == "died":
-            return [self._lose(wid, "died", self._death_detail(worker, payload))]
-        worker.outstanding.pop(payload.task_id, None)
-        return [Done(payload)]
-
-    def _death_detail(self, worker, detail: str) -> str:
-        return detail
+            worker = self.workers.get(wid)
+            return [] if worker is None else [self._lose(wid, "died", worker.death_detail(payload))]
+        return self._done(wid, payload)
 
 
 class ThreadPool(_OutboxPool):
@@ -189,21 +196,12 @@ class ProcessPool(_OutboxPool):
         super().__init__(ctx, size, timeout)
 
     def _new_worker(self, wid: int) -> ProcessWorker:
-        worker = ProcessWorker(wid, self.ctx, self._mp, self._token, TASKS_PER_WORKER, self._sender)
+        worker = ProcessWorker(wid, self.ctx, self._mp, self._token, TASKS_PER_WORKER, self._sender, self._slots)
         self._receiver.watch(wid, worker.conn, worker.sentinel)
         return worker
 
-    def _prepare(self, task: BatchTask, worker: ProcessWorker) -> None:
-        task.shm_name = worker.free_slot_name()
-
-    def _death_detail(self, worker: ProcessWorker, detail: str) -> str:
-        if worker.process.exitcode is None:  # its pipe closed a moment before its exit shows
-            worker.process.join(EXIT_SECONDS)
-        code = worker.process.exitcode
-        return detail if code is None else f"worker process exited with code {code}"
-
-    def _after_stop(self, worker: ProcessWorker) -> None:
-        self._slots.discard(worker.slot_names)
+    def _prepare(self, task: BatchTask, worker: ProcessWorker) -> BatchTask:
+        return worker.with_free_slot(task)
 
     def shutdown(self) -> None:
         super().shutdown()
@@ -212,14 +210,15 @@ class ProcessPool(_OutboxPool):
 
 
 def make_pool(mode: str, workers: int, ctx: WorkContext, timeout: float | None):
+    """The pool for ``workers`` workers of ``mode`` (no workers: :class:`InlinePool`)."""
     if workers == 0:
         return InlinePool(ctx)
     if mode == "thread":
         return ThreadPool(ctx, workers, timeout)
-    if mode == "ray":
-        try:
-            from .ray_pool import RayPool  # Ray is optional and slow to import: only when asked for
-        except ModuleNotFoundError as exc:
-            raise ModuleNotFoundError(f"mode='ray' needs Ray: pip install 'steadyfeed[ray]' ({exc})") from exc
-        return RayPool(ctx, workers, timeout)
-    return ProcessPool(ctx, workers, timeout)
+    if mode == "process":
+        return ProcessPool(ctx, workers, timeout)
+    try:
+        from .ray_pool import RayPool  # Ray is optional and slow to import: only when asked for
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(f"mode='ray' needs Ray: pip install 'steadyfeed[ray]' ({exc})") from exc
+    return RayPool(ctx, workers, timeout)

@@ -1,11 +1,10 @@
-"""RayPool: the pool protocol of ``pool.py`` carried out by Ray actors.
+"""RayPool: the pool protocol of ``protocol.py`` carried out by Ray actors.
 
-The scheduler talks to this pool exactly as to the thread and process pools
-(``free_slots``, ``submit``, ``drain``, ``wait``, ``shutdown``; events ``Done`` and
-``Lost``), so order, exactly-once delivery, retries and the failure policy are the
-scheduler's, unchanged. Each actor holds the WorkContext once (one object-store copy
-shared by all actors) and runs the same ``run_batch`` as every other mode, so batches
-are bit-identical to thread and process mode.
+A ``pool.WorkerPool`` like the thread and process pools (the same bookkeeping of
+outstanding tasks, timeouts and lost workers), so order, exactly-once delivery, retries
+and the failure policy are the scheduler's, unchanged. Each actor holds the WorkContext
+once (one object-store copy shared by all actors) and runs the same ``run_batch`` as every
+other mode, so batches are bit-identical to thread and process mode.
 
 Guarantees:
 
@@ -38,11 +37,12 @@ import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RaySystemError
 
-from ..errors import SteadyfeedError
+from ..errors import RayClusterLost
 from . import shm
 from .batch import run_batch
-from .pool import TASKS_PER_WORKER, Done, Lost
-from .task import BatchResult, BatchTask, StatusSlot, WorkContext
+from .pool import WorkerPool
+from .protocol import Event
+from .task import BatchResult, BatchTask, Running, StatusSlot, WorkContext, as_position
 from .workers import portable
 
 STATUS_SECONDS = 0.05  # how stale the consumer's view of an actor's position may get
@@ -52,11 +52,6 @@ ACTOR_PREFIX = "steadyfeed-"
 HEAD_PROBE_SECONDS = 2.0  # a head that does not accept a TCP connection by then is taken as gone
 SHM_DIR = "/dev/shm"  # where POSIX shared memory appears as files on Linux
 NOT_ATTACHED = -2.0  # the consumer's mark in a status slot no actor has attached to (yet)
-
-
-class RayClusterLost(SteadyfeedError, RuntimeError):
-    """The Ray cluster cannot run this loader's actors any more: it went away (``ray.shutdown()``,
-    head node lost) or cannot start them (too few CPUs, nodes gone)."""
 
 
 @ray.remote(concurrency_groups={"status": 1})
@@ -75,9 +70,9 @@ class BatchActor:
 
     @ray.method(concurrency_group="status")
     def status(self):
-        """(task_id, position, seconds on it) or None when idle; seconds, since clocks differ across nodes."""
+        """(task_id, position, seconds on it) or None when idle: seconds, since clocks differ across nodes."""
         running = self.slot.read()
-        return None if running is None else (running[0], running[1], time.monotonic() - running[2])
+        return None if running is None else (running.task_id, int(running.position), running.elapsed)
 
     @ray.method(concurrency_group="status")
     def pid(self) -> int:
@@ -98,10 +93,13 @@ def _attach_status(name: str):
 
 
 class _Actor:
-    def __init__(self, wid: int, handle, segment):
-        self.wid, self.handle, self.segment = wid, handle, segment
+    """One actor as a ``protocol.Worker``: its handle, its pending ``run`` calls, and its status."""
+
+    def __init__(self, wid: int, handle, segment, pool: "RayPool"):
+        self.wid, self.handle, self.segment, self._pool = wid, handle, segment, pool
         self.cells = shm.status_cells(segment)
         self.outstanding: OrderedDict[int, BatchTask] = OrderedDict()
+        self.pending: dict = {}  # ObjectRef of a run call -> its task id
         self.polled: tuple | None = None  # last status() answer: (task_id, position, seconds)
         self.status_ref = None
         self.status_asked = 0.0
@@ -112,50 +110,67 @@ class _Actor:
     def attached(self) -> bool:
         return self.cells is not None and self.cells[0] != NOT_ATTACHED
 
-    def running(self) -> tuple | None:
-        """(task_id, position, seconds on it), or None when idle or unknown."""
-        if not self.attached:
-            return self.polled
-        task_id, position, started = self.cells[0], self.cells[1], self.cells[2]
-        return None if task_id < 0 else (int(task_id), int(position), time.monotonic() - started)
+    def send(self, task: BatchTask) -> None:
+        self.outstanding[task.task_id] = task
+        self.pending[self.handle.run.remote(task)] = task.task_id
 
-    def release(self) -> None:
+    def running(self) -> Running | None:
+        """From the shared slot on the consumer's machine; else the actor's own last answer
+        (elapsed as the actor measured it: never a stale guess of ours)."""
+        if self.attached:
+            task_id, position, started = self.cells[0], self.cells[1], self.cells[2]
+            return None if task_id < 0 else Running(int(task_id), as_position(position), time.monotonic() - started)
+        if self.polled is None:
+            return None
+        task_id, position, elapsed = self.polled
+        return Running(task_id, as_position(position), elapsed)
+
+    def signal_stop(self) -> None:
+        pass  # killing is immediate
+
+    def stop(self) -> None:
+        self.abandon()
+
+    def abandon(self) -> None:
+        if self._pool.cluster_alive():  # else the actor went with the cluster, and a call would block
+            _kill(self.handle)
+        self.pending.clear()
         self.cells = None  # drop the view before closing the segment
         shm.release(self.segment)
 
 
-def _connect() -> str:
-    """The address of the Ray cluster in use, starting a local one when none is."""
+def connect() -> str:
+    """The address of the Ray cluster in use, starting a local one when none is
+    (``ray_init_options``: ``RAY_ADDRESS``, else a new local cluster)."""
     if not ray.is_initialized():
-        from ..ray import ray_init_options  # RAY_ADDRESS, else a new local cluster
-
         ray.init(**ray_init_options())
     return ray.get_runtime_context().gcs_address
 
 
-class RayPool:
+def ray_init_options(address: str | None = None, num_cpus: int | None = None, **kwargs) -> dict:
+    """``ray.init`` keywords: ``address``, else ``RAY_ADDRESS`` when set, else a new local
+    cluster of ``num_cpus`` CPUs (never whatever ``ray start`` last left running); no dashboard."""
+    options = {"include_dashboard": False, "ignore_reinit_error": True, **kwargs}
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        address, options["num_cpus"] = "local", num_cpus
+    return {"address": address, **options}
+
+
+class RayPool(WorkerPool):
     share_status = True  # False: every actor answers status() calls, as on a remote node (tests)
 
     def __init__(self, ctx: WorkContext, size: int, timeout: float | None):
-        self.size, self.timeout = size, timeout
-        self.address = _connect()
+        self.address = connect()
         self.token = shm.owner_token()  # names our actors and status slots (the leak checks look for it)
-        self.actors: dict[int, _Actor] = {}
         self._cluster_lost = False  # then no more Ray calls: they would block on the missing head
-        self._by_ref: dict = {}  # pending run ObjectRef -> (wid, task_id)
-        self._next_wid = 0
         self._ctx_ref = ray.put(ctx)  # one copy, shared by every actor and every respawn
-        try:
-            for _ in range(size):
-                self._spawn()
-            self._await_placement()
-        except BaseException:
-            self.shutdown()
-            raise
+        super().__init__(ctx, size, timeout)
+
+    def cluster_alive(self) -> bool:
+        return ray.is_initialized() and not self._cluster_lost
 
     # -- actors -------------------------------------------------------------------------
-    def _spawn(self) -> None:
-        wid, self._next_wid = self._next_wid, self._next_wid + 1
+    def _new_worker(self, wid: int) -> _Actor:
         segment = shm.create_status(f"{self.token}r{wid}")
         shm.status_cells(segment)[0] = NOT_ATTACHED  # before the actor exists, so its mark always wins
         try:
@@ -166,114 +181,93 @@ class RayPool:
         except BaseException:
             shm.release(segment)
             raise
-        self.actors[wid] = _Actor(wid, handle, segment)
+        return _Actor(wid, handle, segment, self)
 
-    def _await_placement(self) -> None:
-        refs = [a.started_ref for a in self.actors.values()]
+    def _started(self) -> None:
+        refs = [a.started_ref for a in self.workers.values()]
         ready, _ = self._guard(ray.wait, refs, num_returns=len(refs), timeout=START_SECONDS)
-        for actor in self.actors.values():
+        for actor in self.workers.values():
             if actor.started_ref in ready:
                 actor.started_ref = None
         self._check_started()
 
     def _check_started(self) -> None:
         """A never-placed actor would leave the epoch waiting forever: raise instead."""
-        waiting = [a for a in self.actors.values() if a.started_ref is not None]
+        waiting = [a for a in self.workers.values() if a.started_ref is not None]
         if waiting:
             ready, _ = self._guard(ray.wait, [a.started_ref for a in waiting], num_returns=len(waiting), timeout=0)
             for actor in waiting:
                 if actor.started_ref in ready:
                     actor.started_ref = None
-        late = [a for a in self.actors.values() if a.started_ref is not None and time.monotonic() - a.spawned > START_SECONDS]
+        late = [a for a in self.workers.values() if a.started_ref is not None and time.monotonic() - a.spawned > START_SECONDS]
         if late:
             raise RayClusterLost(
-                f"{len(late)} of {len(self.actors)} Ray actors did not start within {START_SECONDS:.0f}s on the "
+                f"{len(late)} of {len(self.workers)} Ray actors did not start within {START_SECONDS:.0f}s on the "
                 f"cluster at {self.address}; each needs 1 CPU ({_available_cpus()} available now). Lower workers, "
-                "give the cluster more CPUs, or check that its nodes are alive."
+                "give the cluster more CPUs, or check that its nodes are alive.", address=self.address,
             )
 
     def actor_pids(self) -> list[int]:
         """Process ids of this pool's live actors (for tests and diagnostics)."""
-        return self._guard(ray.get, [a.handle.pid.remote() for a in self.actors.values()], timeout=10)
+        return self._guard(ray.get, [a.handle.pid.remote() for a in self.workers.values()], timeout=10)
 
-    # -- pool protocol --------------------------------------------------------------------
-    def free_slots(self) -> int:
-        return sum(TASKS_PER_WORKER - len(a.outstanding) for a in self.actors.values())
-
-    def submit(self, task: BatchTask) -> None:
+    # -- the WorkerPool hooks -------------------------------------------------------------
+    def _prepare(self, task: BatchTask, worker: _Actor) -> BatchTask:
         self._check_cluster()
-        actor = min(self.actors.values(), key=lambda a: len(a.outstanding))
-        actor.outstanding[task.task_id] = task
-        self._by_ref[actor.handle.run.remote(task)] = (actor.wid, task.task_id)
+        return task
 
-    def drain(self) -> list:
-        return self._collect(0) + self._poll_status() + self._expire_timeouts()
+    def _wait_interval(self, timeout: float) -> float:
+        return min(timeout, POLL_SECONDS)
 
-    def wait(self, timeout: float) -> list:
-        events = self._collect(min(timeout, POLL_SECONDS))
-        return events + self._poll_status() + self._expire_timeouts()
+    def _check(self) -> list[Event]:
+        self._poll_status()
+        return self._expire_timeouts()
+
+    def _before_respawn(self, cause: str) -> None:
+        if cause == "died":
+            self._check_head()  # actors die with their node: was it the head?
 
     def shutdown(self) -> None:
-        actors, self.actors, self._by_ref = list(self.actors.values()), {}, {}
+        super().shutdown()
         self._ctx_ref = None
-        alive = ray.is_initialized() and not self._cluster_lost  # else its actors went with the cluster
-        for actor in actors:
-            if alive:
-                _kill(actor.handle)
-            actor.release()
 
     # -- results and deaths ---------------------------------------------------------------
-    def _collect(self, timeout: float) -> list:
+    def _collect(self, timeout: float) -> list[Event]:
         self._check_cluster()
-        if not self._by_ref:
+        owners = {ref: actor for actor in self.workers.values() for ref in actor.pending}
+        if not owners:
             time.sleep(timeout)
             return []
-        refs = list(self._by_ref)
+        refs = list(owners)
         ready, _ = self._guard(ray.wait, refs, num_returns=1, timeout=timeout)
         if ready:  # take everything else that is already done too
             ready, _ = self._guard(ray.wait, refs, num_returns=len(refs), timeout=0)
         events = []
         for ref in ready:
-            if ref in self._by_ref:  # a loss earlier in this loop may have dropped it
-                events.extend(self._receive(ref))
+            actor = owners[ref]
+            if self.workers.get(actor.wid) is actor:  # a loss earlier in this loop may have replaced it
+                events.extend(self._receive(actor, ref))
         return events
 
-    def _receive(self, ref) -> list:
-        wid, task_id = self._by_ref.pop(ref)
-        actor = self.actors.get(wid)
+    def _receive(self, actor: _Actor, ref) -> list[Event]:
+        task_id = actor.pending.pop(ref)
         try:
             result = self._guard(ray.get, ref)
         except RayActorError as exc:
-            return [self._lose(wid, "died", f"Ray actor died: {_first_line(exc)}")] if actor else []
+            return [self._lose(actor.wid, "died", f"Ray actor died: {_first_line(exc)}")]
         except RayError as exc:  # run_batch itself raised a BaseException: like a thread worker dying
-            return [self._lose(wid, "died", f"Ray actor task failed: {exc}")] if actor else []
-        if actor is None:
-            return []  # a late result of a lost actor: its tasks were already re-run
-        actor.outstanding.pop(task_id, None)
+            return [self._lose(actor.wid, "died", f"Ray actor task failed: {exc}")]
         if actor.polled is not None and actor.polled[0] == task_id:
             actor.polled = None  # finished: a stale answer must not blame it later
         t0 = time.perf_counter()
-        result.arrays = _owned(result.arrays)
-        result.timings["transport"] = time.perf_counter() - t0
-        return [Done(result)]
-
-    def _lose(self, wid: int, cause: str, detail: str) -> Lost:
-        actor = self.actors.pop(wid)
-        running = actor.running()  # before the kill: where it was, not where it is found dead
-        _kill(actor.handle)
-        actor.release()
-        for ref in [r for r, (w, _) in self._by_ref.items() if w == wid]:
-            del self._by_ref[ref]
-        if cause == "died":
-            self._check_head()  # actors die with their node: was it the head?
-        self._spawn()
-        return Lost(list(actor.outstanding.values()), running[:2] if running else None, cause, detail)
+        arrays = _owned(result.arrays)
+        return self._done(actor.wid, result.received(arrays, time.perf_counter() - t0))
 
     # -- status: where each actor is, and whether it is stuck ------------------------------
-    def _poll_status(self) -> list:
+    def _poll_status(self) -> None:
         self._check_started()
         now = time.monotonic()
-        asked = {a.status_ref: a for a in self.actors.values() if a.status_ref is not None}
+        asked = {a.status_ref: a for a in self.workers.values() if a.status_ref is not None}
         if asked:  # one non-blocking wait for all answers: this runs once per batch
             answered, _ = self._guard(ray.wait, list(asked), num_returns=len(asked), timeout=0)
             for ref in answered:
@@ -283,22 +277,11 @@ class RayPool:
                 except RayError:
                     pass  # the actor is dying; its run task reports that
                 actor.status_ref = None
-        for actor in self.actors.values():
+        for actor in self.workers.values():
             if actor.attached or actor.status_ref is not None or not actor.outstanding:
                 continue  # a co-located actor's slot is read directly: no calls needed
             if now - actor.status_asked >= STATUS_SECONDS:
                 actor.status_ref, actor.status_asked = actor.handle.status.remote(), now
-        return []
-
-    def _expire_timeouts(self) -> list:
-        if self.timeout is None:
-            return []
-        lost = []
-        for wid, actor in list(self.actors.items()):
-            running = actor.running()  # elapsed as the actor itself measured it: never a stale guess
-            if running is not None and running[1] >= 0 and running[2] > self.timeout:
-                lost.append(self._lose(wid, "timeout", f"ran past timeout={self.timeout}s"))
-        return lost
 
     # -- the cluster itself ---------------------------------------------------------------
     def _check_cluster(self) -> None:
@@ -316,7 +299,9 @@ class RayPool:
 
     def _lost(self, why: str) -> RayClusterLost:
         self._cluster_lost = True
-        return RayClusterLost(self._gone_message(why))
+        return RayClusterLost(
+            f"the Ray cluster at {self.address} that this loader's {self.size} actors ran on is gone "
+            f"({why}); the epoch cannot continue. Re-create the Loader after reconnecting.", address=self.address)
 
     def _guard(self, call, *args, **kwargs):
         try:
@@ -327,10 +312,6 @@ class RayPool:
             if "owner is unknown" in str(exc):
                 raise self._lost("its objects are gone") from exc
             raise
-
-    def _gone_message(self, why: str) -> str:
-        return (f"the Ray cluster at {self.address} that this loader's {self.size} actors ran on is gone "
-                f"({why}); the epoch cannot continue. Re-create the Loader after reconnecting.")
 
 
 def _available_cpus():

@@ -29,6 +29,7 @@ import traceback
 from multiprocessing.connection import Connection
 
 from . import shm
+from .task import BatchResult, ShippedResult
 from .workers import JOIN_SECONDS, lower_priority
 
 
@@ -84,18 +85,17 @@ class ResultReceiver:
         pipe = self._watching[wid][0]
         try:
             while pipe.poll():
-                result = pipe.recv()
-                self._copy_out(result)
-                self._outbox.put(("done", wid, result))
+                self._outbox.put(("done", wid, self._copy_out(pipe.recv())))
         except (EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:  # a slot gone too: the worker was lost
             self._end(wid, f"worker pipe closed ({type(exc).__name__})")
 
-    def _copy_out(self, result) -> None:
-        if result.layout is None:
-            return
+    def _copy_out(self, shipped: ShippedResult) -> BatchResult:
+        """The result with its batch copied out of its shared-memory slot into fresh arrays."""
+        if shipped.layout is None:
+            return shipped.result
         t0 = time.perf_counter()
-        result.arrays = self._slots.receive(result.shm_name, result.layout)
-        result.timings["transport"] = time.perf_counter() - t0
+        arrays = self._slots.receive(shipped.shm_name, shipped.layout)
+        return shipped.result.received(arrays, time.perf_counter() - t0)
 
     def _end(self, wid: int, detail: str) -> None:
         self._forget(wid)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import WorkerDied
 from ..sampling.plan import BatchSpec
-from .pool import Done, Lost
-from .task import COLLATING, READING_BATCH, BatchTask, SampleFailure
+from .protocol import Done, Event, Lost, Pool
+from .task import BatchTask, SampleFailure, Stage
 
 POLL_SECONDS = 0.5
 
@@ -48,7 +48,7 @@ class _Batch:
 
 
 class EpochRun:
-    def __init__(self, pool, plan: list[BatchSpec], *, epoch: int, start: int, prefetch: int, retries: int,
+    def __init__(self, pool: Pool, plan: list[BatchSpec], *, epoch: int, start: int, prefetch: int, retries: int,
                  stop_on_failure: bool, task_ids: itertools.count, max_blameless_deaths: int, stats, handoff):
         self.pool, self.plan, self.epoch = pool, plan, epoch
         self.handoff = handoff
@@ -136,14 +136,14 @@ class EpochRun:
         while self.to_submit and self._to_worker(self.to_submit[0]) and self.pool.free_slots() > 0:
             self.pool.submit(self._next_task().task)
 
-    def _handle(self, event) -> None:
+    def _handle(self, event: Event) -> None:
         if isinstance(event, Done):
             self.deaths_since_progress = 0
             result = event.result
             batch = self.batches.get(result.batch_index)
             if batch is None or batch.task.task_id != result.task_id:
                 return  # a stale result of a task that was already re-run
-            failures = sorted(result.failures + batch.lost_failures, key=lambda f: f.position)
+            failures = sorted([*result.failures, *batch.lost_failures], key=lambda f: f.position)
             self.ready[result.batch_index] = Outcome(batch.spec, result.arrays, failures, result.timings)
         else:
             self._handle_lost(event)
@@ -164,20 +164,20 @@ class EpochRun:
             if batch is None or batch.task.task_id != task.task_id:
                 continue
             batch.lost = True
-            if event.running is not None and event.running[0] == task.task_id:
-                self._charge(batch, event.running[1], event)
+            if event.running is not None and event.running.task_id == task.task_id:
+                self._charge(batch, event.running.position, event)
             if self.stop_on_failure and batch.lost_failures:
                 self.ready[task.spec.index] = Outcome(batch.spec, None, list(batch.lost_failures))
             else:
                 heapq.heappush(self.to_submit, task.spec.index)
 
-    def _charge(self, batch: _Batch, position: int, event: Lost) -> None:
+    def _charge(self, batch: _Batch, position: int | Stage, event: Lost) -> None:
         """Blame the lost attempt on the sample the worker was on."""
         task = batch.task
-        if position == READING_BATCH:
+        if position is Stage.READING_BATCH:
             batch.task = replace(task, batched_read=False)  # next time one by one, so a death names its sample
             return
-        if position == COLLATING:
+        if position is Stage.COLLATING:
             batch.blameless_deaths += 1
             if batch.blameless_deaths > self.retries:
                 raise WorkerDied(

@@ -21,7 +21,10 @@ from multiprocessing import shared_memory
 import numpy as np
 
 try:
-    import _posixshmem  # what multiprocessing.shared_memory itself uses on POSIX
+    # Private: multiprocessing.shared_memory's own POSIX binding, the only way to unlink a
+    # segment by name that SharedMemory() cannot attach (an empty one, see discard) on every
+    # POSIX system. tests/test_private_apis.py fails if it goes.
+    import _posixshmem
 except ImportError:  # Windows: a segment goes away with its last handle, nothing to unlink
     _posixshmem = None
 

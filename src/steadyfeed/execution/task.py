@@ -1,24 +1,49 @@
-"""What travels between the consumer and a worker: tasks in, results out.
+"""What travels between the consumer and a worker: tasks in, results out, and the status a
+worker shows while it works.
 
-Only small metadata travels through pipes; batch arrays travel through shared
-memory in process mode (see ``shm.py``) and by reference in thread mode.
+Every message is an immutable value, built once where it is made: the consumer builds a
+:class:`BatchTask`, ``run_batch`` builds a :class:`BatchResult`, and a transport that moves
+the arrays (shared memory, Ray's object store) builds a new result around the arrays it
+received (:meth:`BatchResult.received`) rather than filling one in. Only small metadata
+travels through pipes; batch arrays travel through shared memory in process mode (see
+``shm.py``) and by reference in thread mode.
 """
 from __future__ import annotations
 
+import enum
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from ..sampling.plan import BatchSpec
 
-# Positions reported by a worker's status slot when it is not inside one sample.
-READING_BATCH = -1  # inside source.read_many for the whole batch
-COLLATING = -2  # writing the batch out
+
+class Stage(enum.IntEnum):
+    """Where a worker is in a task when it is not inside one sample. The values are what its
+    status slot holds in place of a sample position (positions are >= 0)."""
+
+    READING_BATCH = -1  # inside source.read_many / read_batch for the whole batch
+    COLLATING = -2  # writing the batch out
 
 
-@dataclass
+@dataclass(frozen=True)
+class Running:
+    """What a worker is doing: task ``task_id``, at ``position`` (a sample's place in the batch,
+    or a :class:`Stage`), for ``elapsed`` seconds."""
+
+    task_id: int
+    position: int | Stage
+    elapsed: float
+
+    @property
+    def in_sample(self) -> bool:
+        """Inside one sample: the only place a timeout can blame (a stage is the batch's)."""
+        return not isinstance(self.position, Stage)
+
+
+@dataclass(frozen=True)
 class WorkContext:
     """Everything a worker needs besides tasks; pickled once per worker process."""
 
@@ -30,18 +55,18 @@ class WorkContext:
     niceness: int = 0  # how much lower than the consumer's the workers' CPU priority is
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchTask:
     task_id: int
     epoch: int
     spec: BatchSpec
     excluded: frozenset = frozenset()  # positions that already failed for good (death, timeout)
-    prior_attempts: dict = field(default_factory=dict)  # position -> attempts used before this task
+    prior_attempts: Mapping[int, int] = field(default_factory=dict)  # position -> attempts used before
     batched_read: bool = True  # False after a worker died inside read_many: pins the next death on a sample
-    shm_name: str | None = None
+    shm_name: str | None = None  # process mode: the slot the worker writes the batch into
 
 
-@dataclass
+@dataclass(frozen=True)
 class SampleFailure:
     position: int
     sample_id: int
@@ -53,39 +78,58 @@ class SampleFailure:
     cause: str = "error"  # "error" (raised), "timeout" (ran past timeout) or "died" (worker died on it)
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchResult:
     task_id: int
     batch_index: int
-    arrays: dict[str, np.ndarray] | None  # None: no rows (every sample failed) or shipped via shm
-    failures: list[SampleFailure]
-    timings: dict[str, float]
-    layout: list | None = None  # process mode: where each array lies in the shared segment ...
-    shm_name: str | None = None  # ... and which segment (the task's slot)
+    arrays: dict[str, np.ndarray] | None  # None: no rows (every sample failed), or not received yet
+    failures: tuple[SampleFailure, ...]
+    timings: Mapping[str, float]
+
+    def received(self, arrays: dict[str, np.ndarray] | None, transport_seconds: float) -> "BatchResult":
+        """This result with the arrays a transport delivered and the time that took."""
+        return replace(self, arrays=arrays, timings={**self.timings, "transport": transport_seconds})
+
+
+@dataclass(frozen=True)
+class ShippedResult:
+    """A process worker's result: the arrays stay in shared-memory slot ``shm_name`` at
+    ``layout`` (None: no arrays) until the consumer copies them out."""
+
+    result: BatchResult  # with arrays=None
+    layout: list | None
+    shm_name: str | None
 
 
 class StatusSlot:
     """Three numbers a worker updates and the consumer reads without locks:
-    the task id (-1 when idle), the position in the batch, and when it started.
+    the task id (-1 when idle), the position in the batch (or a :class:`Stage`), and when it
+    started.
 
-    ``cells`` is a list in thread mode and a shared ``RawArray('d', 3)`` in process
-    mode; ``time.monotonic`` is one system-wide clock, so both sides agree.
+    ``cells`` is a list in thread mode and three float64 cells in shared memory in process
+    and Ray mode; ``time.monotonic`` is one system-wide clock, so both sides agree.
     """
 
     def __init__(self, cells):
         self.cells = cells
         self.cells[0] = -1
 
-    def begin(self, task_id: int, position: int) -> None:
+    def begin(self, task_id: int, position: int | Stage) -> None:
         self.cells[2] = time.monotonic()
-        self.cells[1] = position
+        self.cells[1] = int(position)
         self.cells[0] = task_id
 
     def idle(self) -> None:
         self.cells[0] = -1
 
-    def read(self) -> tuple[int, int, float] | None:
+    def read(self) -> Running | None:
         task_id, position, started = self.cells[0], self.cells[1], self.cells[2]
         if task_id < 0:
             return None
-        return int(task_id), int(position), float(started)
+        return Running(int(task_id), as_position(position), time.monotonic() - float(started))
+
+
+def as_position(value: float) -> int | Stage:
+    """A status slot's position cell as a sample position or a :class:`Stage`."""
+    value = int(value)
+    return Stage(value) if value < 0 else value

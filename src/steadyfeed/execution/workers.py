@@ -1,10 +1,11 @@
 """Workers: the thread or process that carries out batch tasks one after another.
 
-Both kinds share one interface for the pool: ``send(task)``, ``status`` (a
-:class:`StatusSlot`), ``alive()``, ``stop()``, ``abandon()`` and the ``outstanding``
-tasks they hold. A thread stuck inside a hung sample cannot be killed in Python: it
-is abandoned (a daemon thread, told to exit as soon as the call returns), so it
-blocks neither the next epoch nor interpreter exit.
+Both kinds are a ``protocol.Worker``: ``send(task)``, ``running()`` (read from a
+:class:`StatusSlot` the worker writes), ``signal_stop()``, ``stop()``, ``abandon()``, the
+``outstanding`` tasks they hold, and ``death_detail`` for the pool's message when one dies.
+A thread stuck inside a hung sample cannot be killed in Python: it is abandoned (a daemon
+thread, told to exit as soon as the call returns), so it blocks neither the next epoch
+nor interpreter exit.
 """
 from __future__ import annotations
 
@@ -18,19 +19,19 @@ import sys
 import threading
 import traceback
 from collections import OrderedDict
+from dataclasses import replace
 
 from ..errors import RemoteError
 from ..sources.base import close_source
 from . import shm
 from .batch import run_batch
-from .task import BatchResult, BatchTask, StatusSlot, WorkContext
+from .task import BatchResult, BatchTask, Running, ShippedResult, StatusSlot, WorkContext
 
 JOIN_SECONDS = 2.0
+EXIT_SECONDS = 0.5  # how long a worker whose pipe closed gets to show its exit code
 
 
 class ThreadWorker:
-    kind = "thread"
-
     def __init__(self, wid: int, ctx: WorkContext, outbox: queue.SimpleQueue):
         self.wid = wid
         self.outstanding: OrderedDict[int, BatchTask] = OrderedDict()
@@ -60,8 +61,14 @@ class ThreadWorker:
         self.outstanding[task.task_id] = task
         self._inbox.put(task)
 
-    def alive(self) -> bool:
-        return self.thread.is_alive()
+    def running(self) -> Running | None:
+        return self.status.read()
+
+    def death_detail(self, detail: str) -> str:
+        return detail  # the traceback of the BaseException that ended the thread
+
+    def signal_stop(self) -> None:
+        self.abandon()
 
     def abandon(self) -> None:
         """Stop waiting for this thread; it exits when (if ever) its current call returns."""
@@ -109,9 +116,8 @@ def _process_main(conn, status_name: str, ctx: WorkContext) -> None:
                 return
             allocate = slots.allocator(task.shm_name)
             result = run_batch(task, ctx, status, allocate=allocate)
-            result.layout, result.arrays = (allocate.layout if result.arrays is not None else None), None
-            result.shm_name = task.shm_name
-            conn.send(portable(result))
+            layout = allocate.layout if result.arrays is not None else None
+            conn.send(ShippedResult(replace(portable(result), arrays=None), layout, task.shm_name))
     finally:
         del status
         status_segment.close()
@@ -122,9 +128,8 @@ def _process_main(conn, status_name: str, ctx: WorkContext) -> None:
 def portable(result: BatchResult) -> BatchResult:
     """``result`` ready to leave its process: an exception that cannot be pickled back to the
     consumer becomes a RemoteError carrying its type and message."""
-    for failure in result.failures:
-        failure.exception = _picklable(failure.exception)
-    return result
+    failures = tuple(replace(f, exception=_picklable(f.exception)) for f in result.failures)
+    return replace(result, failures=failures)
 
 
 def _picklable(exc: BaseException | None) -> BaseException | None:
@@ -143,19 +148,21 @@ def _check_not_bootstrapping() -> None:
     if the consumer stops it in the middle of that (it shuts down a failing pool at once),
     a segment the child had created would be known to no one and outlive it.
     """
-    check = getattr(mp_spawn, "_check_not_importing_main", None)  # what start() calls (3.8+)
+    # Private, as no public API asks "am I a spawned child re-running __main__?": this is the
+    # very check Process.start() makes (3.8+). tests/test_private_apis.py fails if it goes.
+    check = getattr(mp_spawn, "_check_not_importing_main", None)
     if check is not None:
         check()
 
 
 class ProcessWorker:
-    kind = "process"
-
-    def __init__(self, wid: int, ctx: WorkContext, mpctx, token: str, slots: int, sender):
+    def __init__(self, wid: int, ctx: WorkContext, mpctx, token: str, slots: int, sender,
+                 consumer_slots: shm.ConsumerSlots):
         self.wid = wid
         self.outstanding: OrderedDict[int, BatchTask] = OrderedDict()
         self.slot_names = [shm.slot_name(token, wid, k) for k in range(slots)]
         self._sender = sender  # sender.TaskSender: writes the tasks from a thread of its own
+        self._consumer_slots = consumer_slots  # this worker's slots are unlinked there when it stops
         _check_not_bootstrapping()
         # status cells live in a tiny segment of ours (not multiprocessing's heap, whose
         # arena file stays open for the life of the interpreter)
@@ -193,37 +200,45 @@ class ProcessWorker:
     def sentinel(self):
         return self.process.sentinel
 
-    def free_slot_name(self) -> str:
-        """A batch slot that no outstanding task of this worker is writing or has written."""
-        busy = {task.shm_name for task in self.outstanding.values()}
-        return next(name for name in self.slot_names if name not in busy)
+    def with_free_slot(self, task: BatchTask) -> BatchTask:
+        """``task`` writing into a batch slot that no outstanding task of this worker is writing
+        or has written (the consumer copies a batch out before the slot is named again)."""
+        busy = {t.shm_name for t in self.outstanding.values()}
+        return replace(task, shm_name=next(name for name in self.slot_names if name not in busy))
 
     def send(self, task: BatchTask) -> None:
         self.outstanding[task.task_id] = task
         self._sender.send(self._pipe, task)
 
-    def alive(self) -> bool:
-        return self.process.is_alive()
+    def running(self) -> Running | None:
+        return self.status.read()
+
+    def death_detail(self, detail: str) -> str:
+        """The exit code, when the process shows it: the pipe may close a moment before."""
+        if self.process.exitcode is None:
+            self.process.join(EXIT_SECONDS)
+        code = self.process.exitcode
+        return detail if code is None else f"worker process exited with code {code}"
+
+    def signal_stop(self) -> None:
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass
 
     def abandon(self) -> None:
-        self.kill()
-
-    def kill(self) -> None:
         if self.process.is_alive():
             self.process.kill()
         self.process.join(JOIN_SECONDS)
         self._release()
 
     def stop(self) -> None:
-        try:
-            self.conn.send(None)
-        except (OSError, ValueError):
-            pass
+        self.signal_stop()
         self.process.join(0.5 if not self.outstanding else 0.0)
         if self.process.is_alive():
             self.process.terminate()
             self.process.join(JOIN_SECONDS)
-        self.kill()
+        self.abandon()
 
     def _release(self) -> None:
         self._sender.forget(self._pipe)
@@ -231,6 +246,7 @@ class ProcessWorker:
         if self.process.exitcode is not None:
             self.process.close()
         self._release_status()
+        self._consumer_slots.discard(self.slot_names)
 
     def _release_status(self) -> None:
         if self._status_segment is not None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 import warnings
 from typing import Any
 
 import keras
 
+from ..files import atomic_write
+from ..stats import stats_delta
 from .epochs import align_epoch
 from .keras_dataset import KerasDataset
 
@@ -66,14 +67,14 @@ class LoaderMonitor(_LoaderCallback):
 
 def epoch_figures(before: dict, after: dict, seconds: float) -> dict:
     """The LoaderMonitor figures from two ``loader.stats()`` snapshots ``seconds`` apart."""
-    batches = after["batches"] - before["batches"]
-    fill = after["queue_fill_mean"] * after["batches"] - before["queue_fill_mean"] * before["batches"]
+    delta = stats_delta(before, after)
     seconds = max(seconds, 1e-9)
+    batches = delta["batches"]
     return {
-        "data_samples_per_sec": (after["samples"] - before["samples"]) / seconds,
-        "data_wait_fraction": (after["wait_seconds"] - before["wait_seconds"]) / seconds,
-        "data_wait_ms_per_step": 1000 * (after["wait_seconds"] - before["wait_seconds"]) / batches if batches else 0.0,
-        "data_queue_fill": fill / batches if batches else 0.0,
+        "data_samples_per_sec": delta["samples"] / seconds,
+        "data_wait_fraction": delta["wait_seconds"] / seconds,
+        "data_wait_ms_per_step": 1000 * delta["wait_seconds"] / batches if batches else 0.0,
+        "data_queue_fill": delta["queue_fill_mean"],
         "data_quarantined": float(after["skipped"]),
     }
 
@@ -167,21 +168,5 @@ class LoaderCheckpoint(_LoaderCallback):
     def _save(self, trained: int) -> None:
         epoch, next_batch = (self._epoch + 1, 0) if trained >= self._epoch_len else (self._epoch, trained)
         state = {**self.loader.state_dict(), "epoch": epoch, "next_batch": next_batch}
-        write_json_atomically(self.path, state)
+        atomic_write(self.path, json.dumps(state).encode())  # a reader never sees a torn file
 
-
-def write_json_atomically(path: str, obj: Any) -> None:
-    """Readers see the old file or the new one, never a torn one (write, fsync, rename)."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise

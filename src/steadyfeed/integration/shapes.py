@@ -16,7 +16,7 @@ def peek_any(loader: Any, index: int = 0) -> dict:
         try:
             return loader.peek((index + i) % n)
         except SampleError as error:
-            if loader.config.on_error != "skip":
+            if loader.config.failure.on_error != "skip":
                 raise
             first_error = first_error or error
     if first_error is None:
@@ -30,7 +30,7 @@ def fixed_batch_size(loader: Any) -> int | None:
     ``last_batch="pad"`` keeps every batch full (a failing sample becomes a masked row);
     ``"drop"`` keeps only full batches unless ``on_error="skip"`` removes rows from them.
     """
-    cfg = loader.config
-    if cfg.last_batch == "pad" or (cfg.last_batch == "drop" and cfg.on_error == "raise"):
-        return cfg.batch_size
+    read, on_error = loader.config.read, loader.config.failure.on_error
+    if read.last_batch == "pad" or (read.last_batch == "drop" and on_error == "raise"):
+        return read.batch_size
     return None

@@ -12,11 +12,14 @@ batches. With ``"partial"`` replicas may differ by one sample (and so one batch)
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-LAST_BATCH_POLICIES = ("partial", "drop", "pad")
+LastBatch = Literal["partial", "drop", "pad"]
+LAST_BATCH_POLICIES: tuple[str, ...] = typing.get_args(LastBatch)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,23 @@ class Source(Protocol):
     def __getitem__(self, i: int) -> Mapping[str, Any]: ...
 
 
+def as_sample(raw: Any) -> dict[str, np.ndarray]:
+    """A sample as the engine and the caches hold it: ``{str key: numpy array}``.
+
+    The one place samples are normalised: a value becomes an array (an array stays the very
+    same object), a key becomes a string, and an ``object`` dtype is refused, since its
+    bytes could be neither measured, stored without pickle, nor batched."""
+    if not isinstance(raw, Mapping):
+        raise TypeError(f"a sample must be a dict of arrays, got {type(raw).__name__}")
+    sample = {}
+    for key, value in raw.items():
+        arr = value if type(value) is np.ndarray else np.asarray(value)
+        if arr.dtype.hasobject:
+            raise TypeError(f"key {key!r} has dtype object; samples must hold numeric or string arrays")
+        sample[str(key)] = arr
+    return sample
+
+
 def check_source(source: Any) -> None:
     if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
         raise TypeError(

@@ -25,7 +25,6 @@ is frozen at its first read. Keep randomness in the transform.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import io
@@ -33,7 +32,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 import threading
 import warnings
 import zlib
@@ -42,52 +40,34 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import DataError
-from .base import check_source, close_source, fingerprint, read_many
+from ..files import atomic_write
+from ..units import exact_bytes
+from .base import as_sample, fingerprint, read_many
+from .wrapper import SourceWrapper
 
 DISK_FORMAT = "steadyfeed.diskcache/1"
 MAGIC = b"\x93STEADYFEED-CACHE\n"
 MARKER = "steadyfeed-cache.json"  # names a directory as ours: prune() removes nothing else
 
 
-def _size(n: int) -> str:
-    scaled, unit = float(n), "bytes"
-    for bigger in ("KiB", "MiB", "GiB", "TiB"):
-        if scaled < 1024:
-            break
-        scaled, unit = scaled / 1024, bigger
-    return f"{n:,} bytes" if unit == "bytes" else f"{n:,} bytes ({scaled:.1f} {unit})"
-
-
-def _arrays(raw: Any, i: int) -> dict[str, np.ndarray]:
-    """The sample as ``{str: ndarray}``: what a cache can measure, store and hand back alike."""
-    if not isinstance(raw, Mapping):
-        raise TypeError(f"sample {i}: a sample must be a dict of arrays, got {type(raw).__name__}")
-    sample = {}
-    for key, value in raw.items():
-        arr = np.asarray(value)
-        if arr.dtype.hasobject:
-            raise TypeError(f"sample {i}, key {key!r}: a cache stores numeric or string arrays, got dtype object")
-        sample[str(key)] = arr
-    return sample
-
-
 def _nbytes(sample: dict[str, np.ndarray]) -> int:
     return sum(int(a.nbytes) for a in sample.values())
 
 
-class _Cache:
-    """What both caches share: delegation, the hit/miss path, counters, pickling.
+class _Cache(SourceWrapper):
+    """What both caches share: the hit/miss path, counters, pickling (delegation: ``SourceWrapper``).
 
     A subclass provides ``_get(i)`` (a fresh sample, or None on a miss) and
     ``_put(i, sample)``; attributes named in ``_PER_PROCESS`` are rebuilt by
-    ``_init_state`` in every process instead of being pickled.
+    ``_init_state`` in every process instead of being pickled. ``close()`` closes the wrapped
+    source only: workers close their source when they stop, and the next epoch or Loader
+    should still find the cached samples.
     """
 
     _PER_PROCESS: tuple = ("_lock", "_hits", "_misses")
 
     def __init__(self, source: Any):
-        check_source(source)
-        self.source = source
+        super().__init__(source)
         self._init_state()
 
     def _init_state(self) -> None:
@@ -95,9 +75,6 @@ class _Cache:
         self._hits = self._misses = 0
 
     # -- the source protocol ------------------------------------------------------------
-    def __len__(self) -> int:
-        return len(self.source)
-
     def __getitem__(self, i: int) -> dict[str, np.ndarray]:
         i = self._index(i)
         sample = self._counted(self._get(i))
@@ -126,21 +103,6 @@ class _Cache:
                 samples[p] = self._keep(i, raw)
         return samples
 
-    # Properties, so that a source without locate() / fingerprint() gives a cache without
-    # them too (AttributeError), and the helpers in base.py see None rather than a method.
-    @property
-    def locate(self):
-        return self.source.locate
-
-    @property
-    def fingerprint(self):
-        return self.source.fingerprint
-
-    def close(self) -> None:
-        """Close the wrapped source. The cached samples stay: workers close their source when
-        they stop, and the next epoch or Loader should still find them."""
-        close_source(self.source)
-
     # -- the shared path ------------------------------------------------------------------
     def _index(self, i) -> int:
         i, n = int(i), len(self.source)
@@ -158,7 +120,7 @@ class _Cache:
 
     def _keep(self, i: int, raw: Any) -> dict[str, np.ndarray]:
         """Store a freshly read sample and return it (the source's own arrays, not the stored ones)."""
-        sample = _arrays(raw, i)
+        sample = as_sample(raw)
         self._put(i, sample)
         return sample
 
@@ -200,12 +162,12 @@ class MemoryCache(_Cache):
         if int(max_bytes) < 0:
             raise ValueError(f"max_bytes must be a byte count >= 0, got {max_bytes!r}")
         self.max_bytes = int(max_bytes)
-        self.sample_bytes = _nbytes(_arrays(source[0], 0)) if len(source) else 0
+        self.sample_bytes = _nbytes(as_sample(source[0])) if len(source) else 0
         self.estimate = self.sample_bytes * len(source)
         if self.estimate > self.max_bytes:
             raise DataError(
-                f"MemoryCache needs about {_size(self.estimate)} for {len(source)} samples (sample 0 holds "
-                f"{_size(self.sample_bytes)} of arrays), more than max_bytes={_size(self.max_bytes)}. Raise "
+                f"MemoryCache needs about {exact_bytes(self.estimate)} for {len(source)} samples (sample 0 holds "
+                f"{exact_bytes(self.sample_bytes)} of arrays), more than max_bytes={exact_bytes(self.max_bytes)}. Raise "
                 "max_bytes if memory allows (it is per process: in mode='process' each worker keeps its own "
                 "cache), or use DiskCache(source, directory), which keeps decoded samples on disk."
             )
@@ -231,9 +193,9 @@ class MemoryCache(_Cache):
                 return
             if self._bytes + nbytes > self.max_bytes:
                 raise DataError(
-                    f"MemoryCache is full: sample {i} ({_size(nbytes)}) does not fit in max_bytes="
-                    f"{_size(self.max_bytes)}, which holds {_size(self._bytes)} in {len(self._stored)} samples "
-                    f"already. The estimate was {_size(self.estimate)} from sample 0 ({_size(self.sample_bytes)}), "
+                    f"MemoryCache is full: sample {i} ({exact_bytes(nbytes)}) does not fit in max_bytes="
+                    f"{exact_bytes(self.max_bytes)}, which holds {exact_bytes(self._bytes)} in {len(self._stored)} samples "
+                    f"already. The estimate was {exact_bytes(self.estimate)} from sample 0 ({exact_bytes(self.sample_bytes)}), "
                     "so samples are larger than sample 0. Raise max_bytes, or use DiskCache(source, directory)."
                 )
             self._stored[i] = frozen
@@ -249,8 +211,8 @@ class MemoryCache(_Cache):
             held = {"items": len(self._stored), "bytes": self._bytes}
         return {**super().stats(), **held, "max_bytes": self.max_bytes, "estimate": self.estimate}
 
-    def __repr__(self) -> str:
-        return f"MemoryCache({self.source!r}, max_bytes={self.max_bytes})"
+    def _repr_options(self) -> str:
+        return f", max_bytes={self.max_bytes}"
 
 
 def _read_only_copy(a: np.ndarray) -> np.ndarray:
@@ -298,7 +260,7 @@ class DiskCache(_Cache):
         self.path = os.path.join(self.root, digest)
         os.makedirs(self.path, exist_ok=True)
         if not os.path.exists(os.path.join(self.path, MARKER)):
-            _atomic_write(os.path.join(self.path, MARKER), json.dumps(identity, indent=1).encode())
+            atomic_write(os.path.join(self.path, MARKER), json.dumps(identity, indent=1).encode(), fsync=False)
 
     def _init_state(self) -> None:
         super()._init_state()
@@ -324,7 +286,7 @@ class DiskCache(_Cache):
 
     def _put(self, i: int, sample: dict[str, np.ndarray]) -> None:
         try:
-            _atomic_write(self._file(i), _encode(sample, i))
+            atomic_write(self._file(i), _encode(sample, i), fsync=False)
         except OSError as exc:
             with self._lock:
                 self._write_errors += 1
@@ -351,8 +313,8 @@ class DiskCache(_Cache):
             errors = {"corrupt": self._corrupt, "write_errors": self._write_errors}
         return {**super().stats(), **errors, "directory": self.path}
 
-    def __repr__(self) -> str:
-        return f"DiskCache({self.source!r}, {self.path!r})"
+    def _repr_options(self) -> str:
+        return f", {self.path!r}"
 
 
 def _identity(source: Any, key: str | None) -> dict:
@@ -425,15 +387,3 @@ def _npy_layout(prefix: bytes):
     version = np.lib.format.read_magic(buf)
     reader = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
     return None if reader is None else reader(buf)
-
-
-def _atomic_write(path: str, blob: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        os.replace(tmp, path)  # readers see the old file or the whole new one, never a partial write
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

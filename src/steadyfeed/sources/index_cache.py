@@ -12,7 +12,7 @@ Guarantees:
 * :func:`load` returns a payload only from a well-formed file whose stamp equals the one
   asked for; a missing, unreadable, truncated, foreign or stale file gives None, never an
   exception;
-* :func:`save` replaces the file atomically (temporary file + ``os.replace``), so concurrent
+* :func:`save` replaces the file atomically (``files.atomic_file``), so concurrent
   builders and readers never see half of one;
 * nothing is ever unpickled (``allow_pickle=False``).
 """
@@ -24,6 +24,8 @@ import os
 import warnings
 
 import numpy as np
+
+from ..files import atomic_file
 
 SUFFIX = ".sfidx.npy"
 MAGIC = 0x5346_4944_58  # "SFIDX": the first stamp word, so another .npy never passes for an index
@@ -47,15 +49,8 @@ def save(target: str, stamp: tuple[int, ...], payload: np.ndarray) -> None:
     """Write ``stamp`` and the int64 ``payload`` (1-D, or rows of a fixed width) to ``target``,
     atomically, creating its directory. Raises OSError when that is not possible."""
     payload = np.asarray(payload, dtype=np.int64)
-    os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-    tmp = f"{target}.{os.getpid()}-{os.urandom(4).hex()}.tmp"  # unique to this writer
-    try:
-        with open(tmp, "wb") as f:
-            np.save(f, np.concatenate([_header(stamp, payload.shape[1:]), payload]))
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_file(target, fsync=False) as f:
+        np.save(f, np.concatenate([_header(stamp, payload.shape[1:]), payload]))
 
 
 def load(target: str, stamp: tuple[int, ...], *, mmap: bool = False) -> np.ndarray | None:

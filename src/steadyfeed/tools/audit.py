@@ -286,7 +286,7 @@ class _Observer:
 
 def _run_setting(loader: Loader, setting: tuple[int, str], epochs: int, observer: _Observer, bar) -> list[EpochRecord]:
     records = [EpochRecord(e) for e in range(epochs)]
-    for shard in range(loader.config.shard_count):
+    for shard in range(loader.config.sharding.shard_count):
         with at_setting(loader, *setting, shard_index=shard) as run:
             for rec in records:
                 bar.set_description(f"audit: {setting_label(*setting)}, epoch {rec.epoch}")
@@ -365,7 +365,7 @@ def expected_count(n: int, batch_size: int, shard_count: int, last_batch: str) -
 
 
 def _delivery(rec: EpochRecord, loader: Loader, setting: str) -> CheckResult:
-    n, cfg = len(loader.source), loader.config
+    n, read = len(loader.source), loader.config.read
     ids = rec.all_ids()
     out_of_range = ids[(ids < 0) | (ids >= n)]
     counts = np.bincount(ids[(ids >= 0) & (ids < n)], minlength=n)
@@ -376,8 +376,8 @@ def _delivery(rec: EpochRecord, loader: Loader, setting: str) -> CheckResult:
         return CheckResult("ids_in_range", FAIL if problems else PASS, problems or
                            f"{len(ids)} ids, all in range (weighted sampler: repeats and omissions are by design)",
                            setting, rec.epoch, details)
-    expected = expected_count(n, cfg.batch_size, cfg.shard_count, cfg.last_batch)
-    dropping = cfg.last_batch == "drop"
+    expected = expected_count(n, read.batch_size, loader.config.sharding.shard_count, read.last_batch)
+    dropping = read.last_batch == "drop"
     duplicated = np.flatnonzero(counts > 1)
     missing = [] if dropping or rec.error else np.setdiff1d(np.flatnonzero(counts == 0), rec.skipped)
     details.update(expected=expected, duplicated=_idlist(duplicated), missing=_idlist(missing))

@@ -39,7 +39,7 @@ from typing import Callable, Iterable, Iterator
 
 import psutil
 
-from ..stats import STAGES
+from ..stats import STAGES, stats_delta
 from .spec import _one_line as one_line  # the commands' one-line form of an error
 
 FORMAT = "steadyfeed.bench/1"
@@ -245,20 +245,16 @@ def _epochs(loader, epochs: int) -> Iterator[dict]:
 def _window(m: Measurement, start: _Mark, end: _Mark, step_seconds: float) -> None:
     """Fill ``m`` with what happened between two marks."""
     before, after = start.stats, end.stats
+    delta = stats_delta(before, after)
     m.seconds = end.time - start.time
     m.cpu_seconds = end.cpu - start.cpu
-    m.batches = after["batches"] - before["batches"]
-    m.inline_batches = after["inline_batches"] - before["inline_batches"]
-    m.samples = after["samples"] - before["samples"]
-    for stage in STAGES:
-        m.stage_seconds[stage] = after["stage_seconds"].get(stage, 0.0) - before["stage_seconds"].get(stage, 0.0)
-    m.stage_seconds["wait"] = after["wait_seconds"] - before["wait_seconds"]
-    m.stage_seconds["step"] = step_seconds
+    m.batches, m.inline_batches, m.samples = delta["batches"], delta["inline_batches"], delta["samples"]
+    m.stage_seconds.update({stage: delta["stage_seconds"].get(stage, 0.0) for stage in STAGES},
+                           wait=delta["wait_seconds"], step=step_seconds)
     m.timeline = [tuple(point) for point in after["queue_fill_timeline"]]
     last_warmup = before["queue_fill_timeline"][-1][0] if before["queue_fill_timeline"] else float("-inf")
-    fills = [ready for t, ready in m.timeline if t > last_warmup]
-    m.fill_mean = sum(fills) / len(fills) if fills else 0.0
-    m.fill_max = max(fills, default=0)
+    m.fill_mean = delta["queue_fill_mean"]
+    m.fill_max = max((ready for t, ready in m.timeline if t > last_warmup), default=0)
 
 
 def measure(loader, setting: Setting, *, epochs: int = 1, max_batches: int | None = None, warmup: int = 2,
@@ -276,7 +272,7 @@ def measure(loader, setting: Setting, *, epochs: int = 1, max_batches: int | Non
             # timeout needs workers; inline has none to interrupt, so it runs without one rather than fail
             inline = {"timeout": None} if setting.workers == 0 else {}
             with loader.replace(workers=setting.workers, mode=setting.mode, **inline) as variant:
-                m.prefetch = variant.config.effective_prefetch
+                m.prefetch = variant.config.execution.effective_prefetch
                 _drive(variant, m, epochs=epochs, max_batches=max_batches, warmup=warmup,
                        consumer_ms=consumer_ms, on_batch=on_batch or (lambda s: None))
         except Exception as exc:  # noqa: BLE001 - a failing setting is reported; the others still run
@@ -448,6 +444,6 @@ def bench(loader, settings: list[Setting], *, epochs: int = 1, max_batches: int 
     bottleneck = gil_limited(measurements)
     if bottleneck is None and recommendation is not None:
         bottleneck = next(m.diagnosis for m in measurements if m.setting == recommendation.setting)
-    options = {"source": repr(loader.source), "batch_size": loader.config.batch_size, "epochs": epochs, "max_batches": max_batches,
+    options = {"source": repr(loader.source), "batch_size": loader.config.read.batch_size, "epochs": epochs, "max_batches": max_batches,
                "warmup_batches": warmup, "consumer_ms": consumer_ms}
     return Report(measurements, recommendation, bottleneck, options)

@@ -35,6 +35,7 @@ from .. import quality
 from ..loader import Loader
 from .audit import scan_source
 from ..progress import progress_bar
+from ..units import human_bytes
 
 FORMAT = "steadyfeed.inspect/1"
 LISTED = 1000  # items kept per list in as_dict (counts are always complete)
@@ -121,12 +122,12 @@ def size_summary(sizes: Sequence[int]) -> dict:
 
 
 def _size_lines(summary: dict) -> list[str]:
-    lines = [f"  {'sizes':14}min {_human(summary['min'])}, median {_human(summary['median'])}, "
-             f"max {_human(summary['max'])}"]
+    lines = [f"  {'sizes':14}min {human_bytes(summary['min'])}, median {human_bytes(summary['median'])}, "
+             f"max {human_bytes(summary['max'])}"]
     peak = max(b["count"] for b in summary["histogram"])
     for b in summary["histogram"]:
         bar = "#" * max(1, round(30 * b["count"] / peak)) if b["count"] else ""
-        lines.append(f"  {'':14}{_human(b['from']):>9} - {_human(b['to']):<9} {b['count']:>7}  {bar}".rstrip())
+        lines.append(f"  {'':14}{human_bytes(b['from']):>9} - {human_bytes(b['to']):<9} {b['count']:>7}  {bar}".rstrip())
     return lines
 
 
@@ -142,14 +143,6 @@ def _listing(counter: Counter) -> str:
 
 def _shown(items: list) -> str:
     return ", ".join(map(str, items[:SHOWN])) + (f", ... ({len(items)} in all)" if len(items) > SHOWN else "")
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" or n == int(n) else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def shape_text(shape: Sequence[int], dtype: Any = None) -> str:
@@ -310,9 +303,8 @@ def inspect_loader(loader: Loader, *, label_keys: Iterable[str] = ("y",), checks
             shapes[key][i] = shape_text(a.shape, a.dtype)
             report.shapes[key][shapes[key][i]] += 1
 
-    cfg = loader.config
     with progress_bar(len(loader.source), "inspect", unit=" samples", enabled=progress) as bar:
-        scan = scan_source(loader, label_keys, checks, setting=(cfg.workers, cfg.mode), bar=bar, visit=visit)
+        scan = scan_source(loader, label_keys, checks, setting=(loader.config.execution.workers, loader.config.execution.mode), bar=bar, visit=visit)
     report.problems = scan.problems
     report.unreadable = [{"item": e["location"] or f"sample {e['sample_id']}", "sample_id": e["sample_id"],
                           "error": f"{e['error_type']}: {e['message']}"} for e in scan.failed]

@@ -29,36 +29,35 @@ import argparse
 import importlib
 import os
 import sys
+import typing
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..config import ERROR_POLICIES, MODES
+from ..config import option_fields
 from ..loader import Loader
-from ..sampling.plan import LAST_BATCH_POLICIES
 
 DEFAULT_BATCH_SIZE = 32
 USAGE_ERROR = 2  # argparse's exit code for bad usage; every command uses it for a bad spec too
 
-# each loader flag is the Loader keyword of the same name; every one defaults to None, meaning
-# "not given: leave the loader as it is"
-LOADER_FLAGS = {
-    "batch_size": dict(type=int, metavar="N", help=f"samples per batch (default {DEFAULT_BATCH_SIZE})"),
-    "workers": dict(type=int, metavar="N", help="worker count (0: in this thread)"),
-    "mode": dict(choices=MODES, help="worker kind"),
-    "shuffle": dict(action=argparse.BooleanOptionalAction, help="a fresh permutation per epoch"),
-    "seed": dict(type=int, metavar="S", help="the seed of order and transform streams"),
-    "with_ids": dict(action=argparse.BooleanOptionalAction, help="add the sample ids to each batch"),
-    "drop_last": dict(action=argparse.BooleanOptionalAction, help="drop the last partial batch"),
-    "last_batch": dict(choices=LAST_BATCH_POLICIES, help="what to do with the last batch"),
-    "shard_index": dict(type=int, metavar="I", help="this replica's shard"),
-    "shard_count": dict(type=int, metavar="R", help="number of shards"),
-    "on_error": dict(choices=ERROR_POLICIES, help="what a failing sample does"),
-    "retries": dict(type=int, metavar="N", help="attempts per sample beyond the first"),
-    "timeout": dict(type=float, metavar="SECONDS", help="per-sample time limit (needs workers)"),
-    "prefetch": dict(type=int, metavar="N", help="batches in flight or waiting"),
-}
+
+def _flag_options(field, hint) -> dict:
+    """argparse keywords for one Loader option, from its field: the type from its annotation,
+    the help from its documentation. Every flag defaults to None: "not given, leave it"."""
+    args = typing.get_args(hint)
+    kinds = {a for a in args if a is not type(None)} or {hint}
+    help_text = field.metadata["doc"] + (f" (default {DEFAULT_BATCH_SIZE})" if field.name == "batch_size" else "")
+    if typing.get_origin(hint) is typing.Literal:
+        return dict(choices=args, help=help_text)
+    if kinds == {bool}:
+        return dict(action=argparse.BooleanOptionalAction, help=help_text)
+    kind = int if kinds == {int} else float if kinds == {float} else str
+    return dict(type=kind, metavar=field.metadata["metavar"] or kind.__name__.upper(), help=help_text)
+
+
+# each loader flag is the Loader option of the same name (config.py), built from its field
+LOADER_FLAGS = {f.name: _flag_options(f, hint) for _, f, hint in option_fields() if f.metadata["cli"]}
 
 
 class SpecError(ValueError):
@@ -149,6 +148,10 @@ def add_spec_arguments(parser: argparse.ArgumentParser, *, metavar: str = "SPEC"
     added = tuple(name for name in LOADER_FLAGS if name not in exclude)
     for name in added:
         flags.add_argument(_flag(name), dest=name, default=None, **LOADER_FLAGS[name])
+    if "last_batch" in added:  # the deprecated spelling still works, with a note on stderr
+        flags.add_argument("--drop-last", dest="drop_last", default=None, action=argparse.BooleanOptionalAction,
+                           help=argparse.SUPPRESS)
+        added += ("drop_last",)
     parser.set_defaults(loader_flags=added)  # loader_options reads these only: a command may reuse a name
 
 
@@ -197,7 +200,14 @@ def loader_options(args: argparse.Namespace | None) -> dict:
     if args is None:
         return {}
     names = getattr(args, "loader_flags", tuple(LOADER_FLAGS))
-    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    options = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    if "drop_last" in options:
+        print("steadyfeed: --drop-last is deprecated: use --last-batch drop", file=sys.stderr)
+        drop = options.pop("drop_last")
+        if drop and options.get("last_batch", "drop") != "drop":
+            raise SpecError(f"--drop-last contradicts --last-batch {options['last_batch']}")
+        options.setdefault("last_batch", "drop" if drop else "partial")
+    return options
 
 
 def as_loader(obj: Any, options: dict, what: str) -> Loader:
@@ -279,9 +289,10 @@ def raw_loader(loader: Loader, *, batch_size: int | None = None, workers: int | 
     """A loader over ``loader``'s source as stored: every id once, in id order, no transform,
     one shard, ids in each batch, failing samples skipped (see its ``quarantine_report()``)
     however many fail, and nothing written to the original's quarantine file."""
-    cfg = loader.config
+    execution = loader.config.execution
     return at_setting(
-        loader, cfg.workers if workers is None else workers, mode or cfg.mode, batch_size=batch_size or cfg.batch_size,
+        loader, execution.workers if workers is None else workers, mode or execution.mode,
+        batch_size=batch_size or loader.config.read.batch_size,
         transform=None, shuffle=False, sampler=None, last_batch="partial", shard_index=0, shard_count=1,
         on_error="skip", max_error_fraction=1.0,
     )
@@ -291,7 +302,7 @@ def at_setting(loader: Loader, workers: int, mode: str, **changes) -> Loader:
     """``loader.replace`` with ``workers`` and ``mode``, ids in every batch and no quarantine
     file (a command never writes to the user's). A ``timeout`` is kept where it can apply:
     with ``workers=0`` nothing can interrupt a sample, so it is dropped there."""
-    timeout = loader.config.timeout if workers else None
+    timeout = loader.config.failure.timeout if workers else None
     return loader.replace(workers=workers, mode=mode, timeout=timeout, with_ids=True, quarantine=None, **changes)
 
 

@@ -1,0 +1,64 @@
+"""build_plan on its own: the plan of one epoch for one shard, for any order, size and policy."""
+import math
+
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from steadyfeed.sampling.plan import LAST_BATCH_POLICIES, build_plan, draw_numbers
+
+
+def plans(order, batch_size, shard_count, last_batch, with_draws=False):
+    return [build_plan(order, batch_size=batch_size, shard_index=r, shard_count=shard_count, last_batch=last_batch,
+                       with_draws=with_draws) for r in range(shard_count)]
+
+
+def real(plan):
+    ids = [spec.ids[:spec.num_real] for spec in plan]
+    return np.concatenate(ids) if ids else np.zeros(0, np.int64)
+
+
+orders = st.integers(0, 120).flatmap(lambda n: st.permutations(list(range(n))).map(lambda p: np.array(p, np.int64)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(order=orders, batch_size=st.integers(1, 13), shard_count=st.integers(1, 6),
+       last_batch=st.sampled_from(LAST_BATCH_POLICIES))
+def test_shards_split_the_order_round_robin_and_batch_it_in_order(order, batch_size, shard_count, last_batch):
+    n = len(order)
+    per_shard = plans(order, batch_size, shard_count, last_batch)
+    kept = order[: (n // shard_count) * shard_count] if last_batch == "drop" else order
+    for r, plan in enumerate(per_shard):
+        mine = kept[r::shard_count]
+        if last_batch == "drop":
+            mine = mine[: (len(mine) // batch_size) * batch_size]
+        np.testing.assert_array_equal(real(plan), mine)  # this shard's ids, in the global order
+        assert [spec.index for spec in plan] == list(range(len(plan)))
+        for spec in plan:
+            assert 0 <= spec.num_real <= batch_size and len(spec.ids) >= 1
+            assert spec.pad_to == (batch_size if last_batch == "pad" else None)
+        assert all(spec.num_real == batch_size for spec in plan[:-1])  # only the last batch may be short
+    counts = [len(plan) for plan in per_shard]
+    if last_batch == "pad":
+        assert len(set(counts)) == 1 and counts[0] == math.ceil(math.ceil(n / shard_count) / batch_size)
+    elif last_batch == "drop":
+        assert len(set(counts)) == 1 and counts[0] == (n // shard_count) // batch_size
+    else:
+        assert max(counts) - min(counts) <= 1
+        np.testing.assert_array_equal(np.sort(np.concatenate([real(p) for p in per_shard])), np.arange(n))
+
+
+@settings(max_examples=100, deadline=None)
+@given(order=st.lists(st.integers(0, 9), max_size=60).map(lambda v: np.array(v, np.int64)),
+       batch_size=st.integers(1, 7))
+def test_draw_numbers_count_earlier_appearances(order, batch_size):
+    draws = draw_numbers(order)
+    assert draws.tolist() == [int(np.count_nonzero(order[:k] == order[k])) for k in range(len(order))]
+    plan = build_plan(order, batch_size=batch_size, shard_index=0, shard_count=1, last_batch="partial",
+                      with_draws=True)
+    np.testing.assert_array_equal(np.concatenate([s.draws for s in plan]) if plan else [], draws)
+
+
+def test_a_shard_with_nothing_left_borrows_one_id_for_its_shape():
+    plan = build_plan(np.arange(3, dtype=np.int64), batch_size=4, shard_index=3, shard_count=4, last_batch="pad",
+                      with_draws=False)
+    assert len(plan) == 1 and plan[0].num_real == 0 and len(plan[0].ids) == 1 and plan[0].pad_to == 4

@@ -1,0 +1,156 @@
+"""EpochRun driven by a scripted pool: order, re-runs, charges and bounds, with no real worker.
+
+The fake pool speaks the pool protocol (``execution/protocol.py``) and does what each test
+scripts: finish tasks in any order, lose a worker at a given position or stage, or hand
+back a stale result. So the scheduler's fault bookkeeping is tested on its own, exactly,
+independent of threads, processes and timing.
+"""
+import itertools
+
+import numpy as np
+import pytest
+
+from steadyfeed.errors import WorkerDied
+from steadyfeed.execution.handoff import FixedHandoff
+from steadyfeed.execution.protocol import Done, Lost
+from steadyfeed.execution.scheduler import EpochRun
+from steadyfeed.execution.task import BatchResult, Running, Stage
+from steadyfeed.sampling.plan import build_plan
+from steadyfeed.stats import LoaderStats
+
+
+def result_of(task):
+    kept = [p for p in range(len(task.spec.ids)) if p not in task.excluded]
+    return BatchResult(task.task_id, task.spec.index, {"id": task.spec.ids[kept]}, (), {"read": 0.0})
+
+
+class ScriptedPool:
+    """``script(task) -> None`` finishes the task; ``-> (position or Stage, cause)`` loses its
+    worker while at that place. ``order`` picks which pending task reports first."""
+
+    def __init__(self, script=lambda task: None, capacity=4, order="lifo"):
+        self.script, self.capacity, self.order = script, capacity, order
+        self.pending, self.submitted, self.max_in_flight = [], [], 0
+
+    def free_slots(self):
+        return self.capacity - len(self.pending)
+
+    def submit(self, task):
+        assert self.free_slots() > 0, "submitted past free_slots()"
+        self.pending.append(task)
+        self.submitted.append(task)
+        self.max_in_flight = max(self.max_in_flight, len(self.pending))
+
+    def run_here(self, task):
+        raise AssertionError("the workers' handoff never makes a batch in the consumer")
+
+    def drain(self):
+        return []
+
+    def wait(self, timeout):
+        assert self.pending, "waited with nothing in flight: the run would hang"
+        task = self.pending.pop(-1 if self.order == "lifo" else 0)
+        scripted = self.script(task)
+        if scripted is None:
+            return [Done(result_of(task))]
+        where, cause = scripted
+        return [Lost((task,), Running(task.task_id, where, 1.0), cause, f"scripted {cause}")]
+
+    def shutdown(self):
+        pass
+
+
+def run(pool, n=24, batch_size=4, retries=0, stop_on_failure=False, prefetch=3, max_blameless_deaths=3):
+    plan = build_plan(np.arange(n, dtype=np.int64), batch_size=batch_size, shard_index=0, shard_count=1,
+                      last_batch="partial", with_draws=False)
+    epoch = EpochRun(pool, plan, epoch=0, start=0, prefetch=prefetch, retries=retries,
+                     stop_on_failure=stop_on_failure, task_ids=itertools.count(),
+                     max_blameless_deaths=max_blameless_deaths, stats=LoaderStats(),
+                     handoff=FixedHandoff(to_workers=True))
+    return list(epoch)
+
+
+def ids(outcomes):
+    return [o.arrays["id"].tolist() for o in outcomes if o.arrays is not None]
+
+
+def once(predicate, answer):
+    """A script that gives ``answer`` the first time ``predicate(task)`` holds, then finishes tasks."""
+    used = []
+
+    def script(task):
+        if not used and predicate(task):
+            used.append(task)
+            return answer
+        return None
+    return script
+
+
+@pytest.mark.parametrize("order", ["lifo", "fifo"])
+def test_batches_come_out_in_plan_order_whatever_order_they_finish(order):
+    pool = ScriptedPool(order=order)
+    outcomes = run(pool, prefetch=3)
+    assert [o.spec.index for o in outcomes] == list(range(6))
+    assert ids(outcomes) == [list(range(k, k + 4)) for k in range(0, 24, 4)]
+    assert pool.max_in_flight <= 3  # the window: never more than prefetch batches out
+
+
+def test_a_lost_worker_charges_its_sample_and_reruns_the_batch_within_retries():
+    pool = ScriptedPool(once(lambda t: t.spec.index == 2, (1, "died")))
+    outcomes = run(pool, retries=1)
+    assert ids(outcomes)[2] == [8, 9, 10, 11] and not any(o.failures for o in outcomes)
+    reruns = [t for t in pool.submitted if t.spec.index == 2]
+    assert len(reruns) == 2 and reruns[1].prior_attempts == {1: 1} and reruns[1].task_id != reruns[0].task_id
+
+
+@pytest.mark.parametrize("cause,error_type", [("died", "WorkerDied"), ("timeout", "SampleTimeout")])
+def test_past_retries_the_sample_fails_for_good_and_the_rest_of_its_batch_survives(cause, error_type):
+    pool = ScriptedPool(once(lambda t: t.spec.index == 1, (2, cause)))
+    outcomes = run(pool, retries=0)
+    failure, = outcomes[1].failures
+    assert (failure.sample_id, failure.position, failure.attempts, failure.error_type, failure.cause) == \
+        (6, 2, 1, error_type, cause)
+    assert ids(outcomes)[1] == [4, 5, 7]  # re-run without the failed sample
+    assert [t.excluded for t in pool.submitted if t.spec.index == 1] == [frozenset(), frozenset({2})]
+
+
+def test_under_raise_a_sample_lost_for_good_fails_its_batch_without_a_rerun():
+    pool = ScriptedPool(once(lambda t: t.spec.index == 1, (0, "died")))
+    outcomes = run(pool, retries=0, stop_on_failure=True)
+    assert outcomes[1].arrays is None and [f.sample_id for f in outcomes[1].failures] == [4]
+    assert len([t for t in pool.submitted if t.spec.index == 1]) == 1
+
+
+def test_a_death_inside_a_batched_read_blames_no_sample_and_reads_one_by_one_next():
+    pool = ScriptedPool(once(lambda t: t.spec.index == 0, (Stage.READING_BATCH, "died")))
+    outcomes = run(pool, retries=0)
+    assert not any(o.failures for o in outcomes) and ids(outcomes)[0] == [0, 1, 2, 3]
+    first, second = [t for t in pool.submitted if t.spec.index == 0]
+    assert first.batched_read and not second.batched_read and second.prior_attempts == {}
+
+
+def test_a_death_while_collating_is_retried_then_raised():
+    pool = ScriptedPool(once(lambda t: t.spec.index == 3, (Stage.COLLATING, "died")))
+    assert ids(run(pool, retries=1))[3] == [12, 13, 14, 15]
+    with pytest.raises(WorkerDied, match="while collating batch 3"):
+        run(ScriptedPool(once(lambda t: t.spec.index == 3, (Stage.COLLATING, "died"))), retries=0)
+
+
+def test_workers_that_keep_dying_without_progress_raise_instead_of_respawning_forever():
+    pool = ScriptedPool(lambda task: (Stage.READING_BATCH, "died"))
+    with pytest.raises(WorkerDied, match="4 workers were lost in a row"):
+        run(pool, max_blameless_deaths=3)
+
+
+def test_a_stale_result_of_a_rerun_task_is_ignored():
+    """A worker reported lost may still deliver its old task; only the re-run's result counts."""
+    class LateResult(ScriptedPool):
+        def wait(self, timeout):
+            events = super().wait(timeout)
+            lost = [e for e in events if isinstance(e, Lost)]
+            stale = [Done(BatchResult(t.task_id, t.spec.index, {"id": np.array([-7])}, (), {})) for e in lost
+                     for t in e.tasks]
+            return events + stale
+
+    outcomes = run(LateResult(once(lambda t: t.spec.index == 2, (0, "died"))), retries=1)
+    assert ids(outcomes)[2] == [8, 9, 10, 11]
