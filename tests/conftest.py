@@ -10,6 +10,9 @@ from steadyfeed.execution import shm
 
 from helpers import child_processes
 
+# Keras's own PyDataset tests run once per backend in a subprocess of their own (test_keras_peer.py)
+collect_ignore = [] if os.environ.get("STEADYFEED_KERAS_PEER") else ["keras_peer"]
+
 
 def _our_children():
     return [child.pid for child in child_processes()]

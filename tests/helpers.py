@@ -161,3 +161,28 @@ def errors_in_threads(fn, count: int) -> list:
     for t in threads:
         t.join(60)
     return errors
+
+
+class RaisingSource:
+    """Sample ``bad`` raises ``error_type(*args)``, made afresh on every read."""
+
+    def __init__(self, n, bad, error_type, *args):
+        self.inner, self.bad, self.error_type, self.args = paired_source(n), bad, error_type, args
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise self.error_type(*self.args)
+        return self.inner[i]
+
+
+class UnpicklableError(Exception):
+    """An exception that cannot travel back from a worker process (it holds a lock)."""
+
+    def __init__(self, message):
+        super().__init__(message)
+        import threading
+
+        self.lock = threading.Lock()

@@ -145,7 +145,7 @@ def test_a_failing_setting_is_reported_the_others_run_and_the_exit_code_is_1(spe
     assert code == 1
     threads, processes = report["settings"]
     assert threads["ok"] and threads["samples_per_second"] > 0
-    assert not processes["ok"] and processes["error"].startswith("SampleError: sample 0")
+    assert not processes["ok"] and processes["error"].startswith("SampleError[ValueError]: sample 0")
     assert "cannot run in a worker process" in processes["error"]
     assert report["recommendation"]["label"] == "1 thread"
     assert "FAILED 1 process: SampleError: sample 0" in format_report(report)

@@ -7,6 +7,8 @@ exception chained as ``__cause__``.
 """
 from __future__ import annotations
 
+import functools
+
 
 class SteadyfeedError(Exception):
     """Base class of every error steadyfeed raises on purpose."""
@@ -50,6 +52,31 @@ def _rebuild(cls, message, fields):
     SteadyfeedError.__init__(err, message)
     err.__dict__.update(fields)
     return err
+
+
+# Raised in a worker, they would end a generator or an interpreter: never a base of ours.
+_NOT_MIXED = (StopIteration, StopAsyncIteration)
+
+
+@functools.lru_cache(maxsize=256)
+def with_original_type(cls: type, original: type) -> type:
+    """``cls`` (a SampleError class) that is also an ``original`` (the worker's exception type),
+    so ``except ValueError`` catches a ValueError a worker raised; ``cls`` itself when the two
+    cannot be combined (a layout conflict, a constructor that needs other arguments)."""
+    if not issubclass(original, Exception) or issubclass(original, _NOT_MIXED) or issubclass(cls, original):
+        return cls
+    namespace = {"__str__": Exception.__str__, "__module__": cls.__module__,  # the message, as SampleError's
+                 "__reduce__": lambda self: (_rebuild_mixed, (cls, original, self.args[0], self.__dict__.copy()))}
+    try:
+        mixed = type(f"{cls.__name__}[{original.__name__}]", (cls, original), namespace)
+        mixed("probe", sample_id=0, epoch=0, batch_index=0, attempts=0)
+    except Exception:  # noqa: BLE001 - e.g. UnicodeDecodeError takes exactly 5 arguments
+        return cls
+    return mixed
+
+
+def _rebuild_mixed(cls, original, message, fields):
+    return _rebuild(with_original_type(cls, original), message, fields)
 
 
 class SampleTimeout(SampleError, TimeoutError):

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .config import ExecutionOptions, FailureOptions, LoaderConfig, ReadOptions, ShardOptions
-from .errors import SampleError, SampleTimeout, TooManyErrors, WorkerDied
+from .errors import SampleError, SampleTimeout, TooManyErrors, WorkerDied, with_original_type
 from .execution.handoff import FixedHandoff, make_handoff
 from .execution.pool import InlinePool, make_pool
 from .execution.scheduler import EpochRun, Outcome
@@ -97,6 +97,24 @@ class Loader:
         """Batches per epoch for this shard (an upper bound when samples are skipped)."""
         return len(self._plan(self._cursor[0]))
 
+    @property
+    def cursor(self) -> tuple[int, int]:
+        """``(epoch, next batch)``: where ``iter(loader)`` starts (``state_dict`` without the fingerprint)."""
+        return self._cursor
+
+    def batches_in(self, epoch: int) -> int:
+        """Batches in epoch ``epoch`` of this shard (``len(loader)`` is the cursor's epoch's)."""
+        return len(self._plan(int(epoch)))
+
+    def seek(self, epoch: int, next_batch: int = 0) -> None:
+        """Move the cursor: the next ``iter(loader)`` starts at batch ``next_batch`` of ``epoch``
+        (``load_state_dict`` without a saved state, for a position computed in this process).
+        An iterator already running goes on with its own epoch: close it first."""
+        epoch, next_batch = int(epoch), int(next_batch)
+        if epoch < 0 or not 0 <= next_batch <= self.batches_in(epoch):
+            raise IndexError(f"no batch {next_batch} in epoch {epoch} ({self.batches_in(epoch)} batches)")
+        self._cursor = (epoch + 1, 0) if next_batch == self.batches_in(epoch) else (epoch, next_batch)
+
     # -- iteration ----------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict]:
         epoch, start = self._cursor
@@ -111,7 +129,8 @@ class Loader:
             raise RuntimeError("this Loader is closed")
         plan = self._plan(epoch)
         if not self._active.acquire(blocking=False):
-            raise RuntimeError("this Loader is already running an epoch; finish or close that iterator first")
+            raise RuntimeError("this Loader is already running an epoch; finish or close that iterator first (a "
+                               "KerasDataset keeps the epoch it serves open between Keras calls: close() it)")
         finished = False
         started = time.perf_counter()  # first-batch latency includes starting the workers
         try:
@@ -215,7 +234,10 @@ class Loader:
         )
         if failure.traceback:
             message += "\n--- worker traceback ---\n" + failure.traceback.rstrip()
-        error = _ERROR_CLASSES[failure.cause](
+        cls = _ERROR_CLASSES[failure.cause]
+        if failure.exception is not None:  # catchable as what the worker raised, too
+            cls = with_original_type(cls, type(failure.exception))
+        error = cls(
             message, sample_id=failure.sample_id, epoch=epoch, batch_index=batch_index,
             attempts=failure.attempts, error_type=failure.error_type, location=where,
             worker_traceback=failure.traceback,
@@ -266,13 +288,15 @@ class Loader:
         if diff:
             detail = ", ".join(f"{k}: saved {a!r}, here {b!r}" for k, (a, b) in diff.items())
             raise ValueError(f"this state was saved by a loader with different data or a different plan ({detail})")
-        self._cursor = (int(state["epoch"]), int(state["next_batch"]))
+        self.seek(int(state["epoch"]), int(state["next_batch"]))
 
     # -- frameworks (imported only when asked for) -------------------------------------
-    def as_keras(self, x="x", y="y", sample_weight=None):
+    def as_keras(self, x="x", y="y", sample_weight=None, *, steps_per_epoch: int | None = None,
+                 padding: str | None = None):
         """A ``keras.utils.PyDataset`` for fit/evaluate/predict; see ``steadyfeed.keras.KerasDataset``."""
         from .integration.keras_dataset import KerasDataset
-        return KerasDataset(self, x=x, y=y, sample_weight=sample_weight)
+        return KerasDataset(self, x=x, y=y, sample_weight=sample_weight, steps_per_epoch=steps_per_epoch,
+                            padding=padding)
 
     def as_tf_dataset(self, x=None, y=None):
         """A ``tf.data.Dataset`` over ``iter(self)`` with an exact signature; see ``integration.tf_dataset``."""

@@ -8,7 +8,7 @@ itself imported only on demand (``loader.as_keras()``, ``steadyfeed.keras``, ...
 * ``shapes``        what batches look like, via ``loader.peek`` (no framework)
 * ``epochs``        keeping the loader's epoch equal to the framework's (no framework)
 * ``checks``        batch against ``model.inputs``: errors that name the key, the input and both shapes
-* ``keras_hooks``   the few Keras internals we recognise, in one place
+* ``feed``          the loader's batches as Keras takes them, from its public calls alone (no framework)
 * ``keras_dataset`` :class:`KerasDataset`, a ``keras.utils.PyDataset``
 * ``callbacks``     ``LoaderMonitor`` and ``LoaderCheckpoint``
 * ``tf_dataset``    ``tf.data.Dataset`` with an exact output signature

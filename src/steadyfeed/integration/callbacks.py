@@ -1,10 +1,11 @@
 """Keras callbacks for a steadyfeed loader: ``LoaderMonitor`` (figures in the logs) and
 ``LoaderCheckpoint`` (resume mid-epoch together with ``keras.callbacks.BackupAndRestore``).
 
-Both take the training ``Loader`` (or its ``KerasDataset``), and both make the loader's next epoch the
-epoch Keras begins when the loader's cursor sits at the start of an epoch (Keras calls
-callbacks' ``on_epoch_begin`` before the dataset's), so loader epoch == Keras epoch, also
-after ``initial_epoch`` or a restore by ``BackupAndRestore``.
+Both take the training ``Loader`` (or its ``KerasDataset``). When Keras epochs are loader epochs
+(no step count), both make the loader's next epoch the epoch Keras begins, when the loader's
+cursor sits at the start of an epoch (Keras calls callbacks' ``on_epoch_begin`` before the
+dataset's), so loader epoch == Keras epoch, also after ``initial_epoch`` or a restore by
+``BackupAndRestore``. With a step count the loader's epochs simply follow one another.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import keras
 from ..files import atomic_write
 from ..stats import stats_delta
 from .epochs import align_epoch
-from .keras_dataset import KerasDataset
+from .keras_dataset import KerasDataset, view_of
 
 STATE_FILE = "steadyfeed_loader.json"
 
@@ -30,7 +31,15 @@ class _LoaderCallback(keras.callbacks.Callback):
         self.loader = data.loader if isinstance(data, KerasDataset) else data
 
     def on_epoch_begin(self, epoch, logs=None):
-        align_epoch(self.loader, epoch)
+        if self.params.get("steps") in (None, len(self.loader)):  # Keras epochs are loader epochs
+            align_epoch(self.loader, epoch)
+
+    def _dataset(self) -> KerasDataset:
+        dataset = view_of(self.loader)
+        if dataset is None:
+            raise ValueError(f"{type(self).__name__} counts the batches Keras trained through the loader's "
+                             "KerasDataset: train on loader.as_keras()")
+        return dataset
 
 
 class LoaderMonitor(_LoaderCallback):
@@ -117,7 +126,9 @@ class LoaderCheckpoint(_LoaderCallback):
     BackupAndRestore restores the weights and restarts the interrupted epoch at Keras step 0;
     the dataset then serves only the batches not yet trained, so that epoch ends early
     (its "ran out of data" warning is silenced) and the next epochs run in full. The batches
-    trained across the interruption are exactly those of an uninterrupted run.
+    trained across the interruption are exactly those of an uninterrupted run, also with
+    ``steps_per_epoch`` (the position saved is the loader's cursor after the last batch
+    trained, from ``KerasDataset.trained``).
 
     ``directory`` is this callback's own (it may sit inside ``backup_dir``). Like
     BackupAndRestore, the file is deleted when ``fit`` completes (``delete_checkpoint``).
@@ -130,7 +141,8 @@ class LoaderCheckpoint(_LoaderCallback):
         self.path = os.path.join(os.fspath(directory), STATE_FILE)
         self.delete_checkpoint = delete_checkpoint
         self.restored = self._restore()  # the loader state restored, or None
-        self._epoch = self._offset = self._epoch_len = 0
+        self._trained_steps = 0  # of the current Keras epoch
+        self._next = self.loader.cursor  # the loader's cursor after the last batch trained
 
     def _restore(self) -> dict | None:
         if not os.path.exists(self.path):
@@ -142,31 +154,30 @@ class LoaderCheckpoint(_LoaderCallback):
 
     def on_epoch_begin(self, epoch, logs=None):
         super().on_epoch_begin(epoch, logs)
-        state = self.loader.state_dict()
-        # in a resumed epoch Keras numbers its batches from 0 while the loader starts at `offset`
-        self._epoch, self._offset = state["epoch"], state["next_batch"]
-        self._epoch_len = len(self.loader)
-        if self._offset and self._epoch != epoch:
-            warnings.warn(f"Keras begins epoch {epoch} but the loader resumes epoch {self._epoch} at batch "
-                          f"{self._offset}: the weights and the loader position describe different steps. Was "
+        self._trained_steps = 0
+        self._next = cursor = self.loader.cursor
+        if cursor[1] and cursor[0] != epoch and self.params.get("steps") in (None, len(self.loader)):
+            warnings.warn(f"Keras begins epoch {epoch} but the loader resumes epoch {cursor[0]} at batch "
+                          f"{cursor[1]}: the weights and the loader position describe different steps. Was "
                           "BackupAndRestore given the same save_freq? (keras 3.15.1's BackupAndRestore also records "
                           "epoch 0 for a save made inside the first epoch of a resumed fit.)", stacklevel=2)
 
     def on_train_batch_end(self, batch, logs=None):
+        for self._next in self._dataset().trained(batch + 1 - self._trained_steps):  # steps_per_execution
+            pass
+        self._trained_steps = batch + 1
         if self.schedule.batch_due(batch):
-            self._save(self._offset + batch + 1)
+            self._save()
 
     def on_epoch_end(self, epoch, logs=None):
         self.schedule.epoch_ended()
         if self.schedule.save_freq == "epoch":
-            self._save(self._epoch_len)
+            self._save()
 
     def on_train_end(self, logs=None):
         if self.delete_checkpoint and os.path.exists(self.path):
             os.remove(self.path)
 
-    def _save(self, trained: int) -> None:
-        epoch, next_batch = (self._epoch + 1, 0) if trained >= self._epoch_len else (self._epoch, trained)
-        state = {**self.loader.state_dict(), "epoch": epoch, "next_batch": next_batch}
+    def _save(self) -> None:
+        state = {**self.loader.state_dict(), "epoch": self._next[0], "next_batch": self._next[1]}
         atomic_write(self.path, json.dumps(state).encode())  # a reader never sees a torn file
-

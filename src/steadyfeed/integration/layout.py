@@ -70,11 +70,12 @@ class BatchLayout:
         if self.sample_weight is not None and not isinstance(self.sample_weight, str):
             raise TypeError(f"sample_weight must name one batch key, got {self.sample_weight!r}")
 
-    def to_keras(self, batch: Mapping[str, np.ndarray]) -> tuple:
-        """``(x,)`` when there is no ``y`` (predict), else ``(x, y)`` or ``(x, y, weights)``."""
+    def to_keras(self, batch: Mapping[str, np.ndarray]) -> tuple | dict:
+        """``(x,)`` when there is no ``y`` (predict), else ``(x, y)`` or ``(x, y, weights)``;
+        a dict ``x`` without ``y`` is the batch itself (Keras reads a dict batch as the inputs)."""
         x = _pick(batch, self.x, "x")
         if self.y is None:
-            return (x,)
+            return x if isinstance(x, dict) else (x,)
         y = _pick(batch, self.y, "y")
         weights = self.weights(batch)
         return (x, y) if weights is None else (x, y, weights)
