@@ -148,7 +148,7 @@ def test_a_failing_setting_is_reported_the_others_run_and_the_exit_code_is_1(spe
     assert not processes["ok"] and processes["error"].startswith("SampleError[ValueError]: sample 0")
     assert "cannot run in a worker process" in processes["error"]
     assert report["recommendation"]["label"] == "1 thread"
-    assert "FAILED 1 process: SampleError: sample 0" in format_report(report)
+    assert "FAILED 1 process: SampleError[ValueError]: sample 0" in format_report(report)
 
 
 @pytest.mark.parametrize("argv", [["--workers", "1,x"], ["--workers", "-1"], ["--modes", "fork"],
