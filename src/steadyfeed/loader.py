@@ -23,6 +23,7 @@ import numpy as np
 
 from .config import ExecutionOptions, FailureOptions, LoaderConfig, ReadOptions, ShardOptions
 from .errors import SampleError, SampleTimeout, TooManyErrors, WorkerDied
+from .execution.batch import collate_error
 from .execution.handoff import FixedHandoff, make_handoff
 from .execution.pool import InlinePool, make_pool
 from .execution.scheduler import EpochRun, Outcome
@@ -157,12 +158,14 @@ class Loader:
         outcome = next(iter(run))
         if outcome.failures:
             raise self._sample_error(outcome.failures[0], epoch, batch_index)
+        if outcome.disagreement is not None:
+            raise collate_error(outcome.disagreement, self.source, epoch, batch_index)
         return self._public(outcome.arrays)
 
     def _work_context(self, stop_on_failure: bool) -> WorkContext:
         read = self.config.read
         return WorkContext(self.source, read.transform, int(read.seed), self.config.failure.retries, stop_on_failure,
-                           self.config.execution.worker_niceness)
+                           self.config.execution.worker_niceness, read.collate)
 
     def _public(self, batch: dict) -> dict:
         """The batch as users see it: "id" only when asked for."""
@@ -200,6 +203,8 @@ class Loader:
                 f"{failures[-1].error_type}: {failures[-1].message}. See loader.quarantine_report()."
             )
         self._stats.add_stages(outcome.timings)
+        if outcome.disagreement is not None:  # no sample's failure: raised under any on_error, in plan order
+            raise collate_error(outcome.disagreement, self.source, epoch, spec.index)
         batch = outcome.arrays
         if batch is None:
             return None
