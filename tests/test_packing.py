@@ -289,7 +289,7 @@ def test_cli_packs_a_generator_from_a_file(spec_file, tmp_path, capsys):
 def test_cli_packs_a_source_class_with_process_workers(spec_file, tmp_path, capsys, no_leaks):
     out = tmp_path / "out"
     assert main(["pack", "make_data:Squares", str(out), "--workers", "2", "--mode", "process",
-                 "--no-progress"]) == 1  # not importable by module name before the file was loaded
+                 "--no-progress"]) == 2  # not importable by module name before the file was loaded: a usage error
     assert "cannot import module 'make_data'" in capsys.readouterr().err
     assert main(["pack", f"{spec_file}:Squares", str(out), "--workers", "2", "--mode", "process",
                  "--no-progress"]) == 0
@@ -303,8 +303,8 @@ def test_cli_packs_a_source_class_with_process_workers(spec_file, tmp_path, caps
     ("missing.py:samples", "SPEC file not found"),
     ("{file}:nothing", "has no 'nothing'"),
 ])
-def test_cli_reports_bad_specs_with_exit_code_1(spec_file, tmp_path, capsys, spec, message):
-    assert main(["pack", spec.format(file=spec_file), str(tmp_path / "out"), "--no-progress"]) == 1
+def test_cli_reports_bad_specs_with_exit_code_2_like_every_command(spec_file, tmp_path, capsys, spec, message):
+    assert main(["pack", spec.format(file=spec_file), str(tmp_path / "out"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("steadyfeed pack: error: ") and message in err
     assert not (tmp_path / "out").exists()

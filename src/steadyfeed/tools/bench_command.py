@@ -27,6 +27,8 @@ from ..progress import progress_bar
 from .spec import SpecError, add_spec_arguments, loader_from_args, usage_error
 
 HELP = "measure a loader over workers x mode: throughput, latency, stages, queue, CPU, memory; name the bottleneck"
+EXIT_CODES = ("exit codes: 0 every setting ran; 1 a setting failed (its error is in the report; the others "
+              "still run); 2 a usage error (bad flags, a SPEC that does not load)")
 BYTES_PER_MB = 1 << 20
 
 

@@ -18,6 +18,9 @@ from .inspection import inspect_files, inspect_loader
 from .spec import SpecError, add_spec_arguments, describe, loader_from_args, usage_error
 
 HELP = "explore data before training: counts, sizes, shapes, image modes, labels, unreadable files"
+EXIT_CODES = ("exit codes: 0 everything a loader reads is readable and would be accepted (and passed "
+              "--checks); 1 something is unreadable, would be refused, or failed a check (listed with why); "
+              "2 a usage error (bad flags, a SPEC that does not load, no such file)")
 
 
 def add_arguments(parser) -> None:
