@@ -18,7 +18,7 @@ from .base import file_fingerprint
 
 try:
     import simplejpeg
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("ImageFolder needs Pillow and simplejpeg: pip install 'steadyfeed[images]'") from exc
 
@@ -107,6 +107,8 @@ class ImageFolder:
     def load(self, path) -> np.ndarray:
         """One image file decoded as this folder's samples are (any path, not only ours)."""
         data = _read(path, self.max_bytes)
+        if not data:
+            raise DataError(f"{path}: empty file (0 bytes); expected an image file")
         try:
             image = self._jpeg(data, path) if data[:2] == b"\xff\xd8" else None
             if image is None:
@@ -132,7 +134,11 @@ class ImageFolder:
                                       min_factor=2)
 
     def _pillow(self, data: bytes, path) -> Image.Image:
-        image = Image.open(io.BytesIO(data))  # reads the header only
+        try:
+            image = Image.open(io.BytesIO(data))  # reads the header only
+        except UnidentifiedImageError:  # Pillow's message names only our in-memory buffer
+            raise DataError(f"{path}: not a decodable image (UnidentifiedImageError: no image format Pillow "
+                            f"reads starts with {data[:8]!r})") from None
         self._check_pixels(path, *image.size)
         return _convert(image, _PIL_MODES[self.channels])
 
