@@ -48,7 +48,7 @@ def inspect_json(capsys, *argv) -> tuple[int, dict]:
 def test_an_image_folder_is_counted_and_the_corrupt_file_listed(folder, capsys):
     code, report = inspect_json(capsys, str(folder))
     assert code == 1  # an unreadable file
-    assert (report["kind"], report["count"]) == ("files", 11)
+    assert (report["kind"], report["count"]) == ("image tree", 11)
     assert report["unreadable"] == [{"item": os.path.join("dogs", "corrupt.jpg"),
                                      "error": report["unreadable"][0]["error"]}]
     assert "UnidentifiedImageError" in report["unreadable"][0]["error"]
@@ -56,7 +56,7 @@ def test_an_image_folder_is_counted_and_the_corrupt_file_listed(folder, capsys):
     assert report["formats"] == {"PNG": 6, "JPEG": 4}
     assert report["shapes"]["image"] == {"12x10x3": 9, "12x10x1": 1}
     assert report["outliers"]["image mode"]["items"] == [os.path.join("dogs", "gray.png")]
-    assert report["labels"] == {"source": "files per class folder", "counts": {"cats": 5, "dogs": 6}}
+    assert report["labels"] == {"source": "images per class folder", "counts": {"cats": 5, "dogs": 6}}
     sizes = report["sizes"]
     assert sizes["min"] <= sizes["median"] <= sizes["max"]
     assert sum(b["count"] for b in sizes["histogram"]) == 11
@@ -67,8 +67,10 @@ def test_the_text_report_names_the_grayscale_image_and_the_corrupt_file(folder, 
     out = capsys.readouterr().out
     assert "modes         RGB 9, L 1" in out
     assert f"differ in image mode from the most common (RGB, 9): {os.path.join('dogs', 'gray.png')}" in out
-    assert os.path.join("dogs", "corrupt.jpg") + ": UnidentifiedImageError" in out
-    assert out.rstrip().endswith("FAILED: 1 unreadable, 0 quality problem(s)") and "  unreadable    1:" in out
+    (line,) = [line for line in out.splitlines() if line.strip().startswith(os.path.join("dogs", "corrupt.jpg"))]
+    assert "UnidentifiedImageError" in line and "BytesIO" not in line
+    assert out.rstrip().endswith("FAILED: 1 unreadable, 0 refused by a loader, 0 quality problem(s)")
+    assert "  unreadable    1:" in out
 
 
 def test_decode_finds_truncated_files_and_checks_find_blank_images(folder, capsys):
@@ -98,7 +100,8 @@ def test_npy_and_hdf5_files_show_shapes_and_dtypes(tmp_path, capsys):
     assert code == 1 and [u["item"] for u in report["unreadable"]] == ["cut.npy"]
     assert "truncated" in report["unreadable"][0]["error"]
     assert report["shapes"]["npy"] == {"5x3 float32": 2, "2 int16": 1}
-    assert report["formats"] == {"npy": 3, "txt": 1} and report["labels"] is None
+    assert report["formats"] == {"npy": 3} and report["labels"] is None and report["count"] == 4
+    assert report["ignored"] == [{"item": "notes.txt", "reason": "no steadyfeed source reads .txt files"}]
     h5py = pytest.importorskip("h5py")
     with h5py.File(tmp_path / "d.h5", "w") as f:
         f["images"] = np.zeros((4, 8, 8), np.uint8)

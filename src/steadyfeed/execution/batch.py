@@ -151,6 +151,11 @@ _FIXES = {
 }
 
 
+def conflict_fix(what: str, key: str = "x") -> str:
+    """How to fix a conflict of kind ``what`` (``layout_conflict``'s answer) for ``key``."""
+    return _FIXES[what].format(key=key)
+
+
 def collate_error(d: Disagreement, source, epoch: int, batch_index: int) -> CollateError:
     """The consumer's error for a batch that cannot be collated: both samples, where they
     live, what each has, and how to fix it."""
@@ -161,7 +166,7 @@ def collate_error(d: Disagreement, source, epoch: int, batch_index: int) -> Coll
     else:
         found = (f"key {d.key!r}: " if d.key is not None else "") + \
             f"{named[1]} has {d.found[1]} but {named[0]}, the first of its batch, has {d.found[0]}"
-    fix = _FIXES[d.what].format(key=d.key or "x")
+    fix = conflict_fix(d.what, d.key or "x")
     message = (f"cannot collate batch {batch_index} of epoch {epoch} (collate={d.collate!r}): {found}. Each "
                f"sample read fine, so none is skipped or quarantined (raised under any on_error). Fix: {fix}.")
     return CollateError(message, epoch=epoch, batch_index=batch_index, key=d.key, sample_ids=d.ids,

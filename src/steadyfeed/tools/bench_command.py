@@ -25,6 +25,7 @@ from ..config import MODES
 from . import bench as benchmark
 from ..progress import progress_bar
 from .spec import SpecError, add_spec_arguments, loader_from_args, usage_error
+from .tables import table
 
 HELP = "measure a loader over workers x mode: throughput, latency, stages, queue, CPU, memory; name the bottleneck"
 EXIT_CODES = ("exit codes: 0 every setting ran; 1 a setting failed (its error is in the report; the others "
@@ -125,13 +126,6 @@ def _run_grid(loader, settings, args) -> benchmark.Report:
 
 
 # -- the human report -------------------------------------------------------------------------
-def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    """Columns padded to their widest cell: the first left-aligned, the rest right-aligned."""
-    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows)]
-    return ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-            for row in [headers, *rows]]
-
-
 def _summary_row(s: dict) -> list[str]:
     if not s["ok"]:
         return [s["label"], "FAILED"] + [""] * 6
@@ -157,13 +151,13 @@ def format_report(report: dict) -> str:
              f"batch size {report['batch_size']}, {report['epochs']} epoch(s), {bound} per setting after "
              f"{report['warmup_batches']} warm-up batch(es) (and any while the loader decided who makes batches: "
              f"warmup_batches in --json), consumer step {report['consumer_ms']:g} ms", ""]
-    lines += _table(["setting", "samples/s", "first batch s", "queue mean / max / prefetch", "made inline",
+    lines += table(["setting", "samples/s", "first batch s", "queue mean / max / prefetch", "made inline",
                      "CPU cores", "peak RSS MB", "bottleneck"], [_summary_row(s) for s in settings])
     stages = settings[0]["stages"]
     side = {where: ", ".join(k for k, v in stages.items() if v["side"] == where) for where in ("workers", "consumer")}
     lines += ["", f"time per stage, seconds and share ({side['workers']}: of worker time, summed over workers; "
                   f"{side['consumer']}: of wall time, in the consumer)"]
-    lines += _table(["setting", *stages], [_stage_row(s) for s in settings])
+    lines += table(["setting", *stages], [_stage_row(s) for s in settings])
     if report["read_includes_decode"]:
         lines.append("read includes decoding (no source times it separately)")
     if any(s["ok"] and s["workers"] and s["inline_batches"] for s in settings):
