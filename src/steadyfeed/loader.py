@@ -113,7 +113,6 @@ class Loader:
         plan = self._plan(epoch)
         if not self._active.acquire(blocking=False):
             raise RuntimeError("this Loader is already running an epoch; finish or close that iterator first")
-        finished = False
         started = time.perf_counter()  # first-batch latency includes starting the workers
         try:
             run = self._epoch_run(self._ensure_pool(), self._handoff, plan, epoch, start,
@@ -129,11 +128,21 @@ class Loader:
                 if batch is not None:
                     yield batch
             self._cursor = (epoch + 1, 0)
-            finished = True
+        except BaseException as exc:  # early exit (GeneratorExit), an error, Ctrl-C: stop everything now
+            self._stop_pool_for(exc)
+            raise
         finally:
-            if not finished:  # early exit, error, KeyboardInterrupt: stop everything now
-                self._shutdown_pool()
             self._active.release()
+
+    def _stop_pool_for(self, exc: BaseException) -> None:
+        """Stop the workers as ``exc`` leaves the epoch. A second Ctrl-C while they stop makes the
+        pool stop waiting and kill (or leave) the rest; it is folded into the first one, which
+        goes on alone, rather than printing a second traceback from inside the shutdown."""
+        try:
+            self._shutdown_pool()
+        except KeyboardInterrupt:
+            if not isinstance(exc, KeyboardInterrupt):
+                raise
 
     def _epoch_run(self, pool, handoff, plan, epoch: int, start: int, prefetch: int, stats: LoaderStats) -> EpochRun:
         failure = self.config.failure
@@ -296,14 +305,20 @@ class Loader:
     def close(self) -> None:
         """Stop and join every worker, release shared memory, close the source."""
         self._closed = True
-        self._finalizer()
-        close_source(self.source)
+        try:
+            self._finalizer()
+        finally:
+            close_source(self.source)
 
     def __enter__(self) -> "Loader":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.close()
+        except KeyboardInterrupt:  # a second Ctrl-C while closing after the first: one is enough
+            if not isinstance(exc, KeyboardInterrupt):
+                raise
 
     def __repr__(self) -> str:
         read, execution = self.config.read, self.config.execution
