@@ -233,6 +233,8 @@ def _ignored_reason(path: str) -> str | None:
     """Why no source reads ``path`` as data, or None when one may."""
     if path.endswith(INDEX_CACHE):
         return "a steadyfeed index cache (rebuilt when stale), not data"
+    if os.path.basename(path) == "manifest.json":
+        return "the manifest of a pack output (TFRecordSource(DIR) reads it with the shards)"
     return None
 
 
