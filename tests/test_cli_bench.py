@@ -274,7 +274,8 @@ def test_identical_runs_that_only_noise_tells_apart_always_get_the_same_answer()
     # three benches of one machine: the medians come out in another order every time
     answers = set()
     for speeds in [(1000, 1040, 980), (1040, 980, 1000), (980, 1000, 1040)]:
-        runs = [ran(w, m, s - 40, s, s + 40) for (w, m), s in zip([(0, "thread"), (1, "thread"), (2, "process")], speeds)]
+        grid_ = [(0, "thread"), (1, "thread"), (2, "process")]
+        runs = [ran(w, m, s - 40, s, s + 40) for (w, m), s in zip(grid_, speeds)]
         rec = recommend(runs)
         answers.add((rec.verdict, rec.setting))
     assert answers == {("tie", Setting(0, "thread"))}

@@ -245,7 +245,8 @@ def test_a_csv_shows_rows_columns_types_and_missing_values_and_refuses_what_csvs
     assert [(c["name"], c["type"], c["missing"]) for c in summary["columns"]] == [
         ("a", "float", 1), ("b", "int", 1), ("name", "text", 0)]
     assert [(r["item"], r["reason"].split(":")[0]) for r in report["refused"]] == [
-        ("t.csv:4", "column 'a'"), ("t.csv:6", "column 'b'"), ("t.csv:7", "expected 3 fields (as in the header), found 2")]
+        ("t.csv:4", "column 'a'"), ("t.csv:6", "column 'b'"),
+        ("t.csv:7", "expected 3 fields (as in the header), found 2")]
     assert sorted(os.listdir(tmp_path)) == ["t.csv"]  # nothing written beside the data (no index cache)
 
 
@@ -289,7 +290,8 @@ def test_a_gzip_tfrecord_is_unreadable_with_the_reason_and_index_caches_are_not_
     sample = {"x": np.arange(3, dtype=np.float32)}
     messy.gzip_tfrecord(tmp_path / "g.tfrecord", [encode_example(sample, infer_specs(sample))] * 2)
     code, report = inspect_json(capsys, str(tmp_path / "g.tfrecord"))
-    assert code == 1 and "GZIP-compressed" in report["unreadable"][0]["error"] and "gunzip" in report["unreadable"][0]["error"]
+    error = report["unreadable"][0]["error"]
+    assert code == 1 and "GZIP-compressed" in error and "gunzip" in error
     with pytest.raises(Exception, match="GZIP-compressed"):  # the source says the same
         TFRecordSource(str(tmp_path / "g.tfrecord"), features={"x": ("float32", (3,))})
     out = pack([sample] * 5, tmp_path / "packed", progress=False)

@@ -182,8 +182,9 @@ def test_resize_uses_dct_scaling_for_large_jpegs_then_an_exact_resize(tmp_path, 
 def test_images_of_different_sizes_without_size_give_the_loaders_collate_error(tmp_path):
     save(tmp_path / "c" / "a.png", gradient(8, 8))
     save(tmp_path / "c" / "b.png", gradient(8, 9))
-    with Loader(ImageFolder(tmp_path), 2, on_error="skip") as loader, pytest.raises(CollateError, match="size=") as info:
-        list(loader)
+    with Loader(ImageFolder(tmp_path), 2, on_error="skip") as loader:
+        with pytest.raises(CollateError, match="size=") as info:
+            list(loader)
     assert info.value.locations == (str(tmp_path / "c" / "a.png"), str(tmp_path / "c" / "b.png"))
     assert loader.quarantine_report() == []
 

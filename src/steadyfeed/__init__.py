@@ -1,7 +1,9 @@
 """steadyfeed: feed larger-than-memory data to Keras 3 through concurrent workers,
 exactly once, reproducibly, and never silently or stuck."""
 from .config import ExecutionOptions, FailureOptions, LoaderConfig, ReadOptions, ShardOptions
-from .errors import CollateError, DataError, RayClusterLost, SampleError, SampleTimeout, SteadyfeedError, TooManyErrors, WorkerDied
+from .errors import (
+    CollateError, DataError, RayClusterLost, SampleError, SampleTimeout, SteadyfeedError, TooManyErrors, WorkerDied,
+)
 from .loader import Loader
 from .locking import serialized
 from .packing import pack

@@ -3,7 +3,9 @@
 Guarantees (each proven by a test named in the README):
 
 * every sample of the shard's plan is delivered exactly once per epoch, with its own
-  label, or raised / quarantined as a :class:`SampleError`;
+  label, or raised / quarantined as a :class:`SampleError`; samples that each read fine
+  but cannot share a batch raise :class:`CollateError` under any ``on_error`` (no sample
+  is charged for it);
 * the same seed gives bit-identical batches for any ``workers`` and ``mode``;
 * at most ``prefetch`` batches are in flight or waiting;
 * a dead or hung worker is detected, never waited on forever;

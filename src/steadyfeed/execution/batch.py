@@ -125,8 +125,8 @@ def find_disagreement(samples: dict[int, dict], ids, collate: str) -> Disagreeme
             return Disagreement("name", clash + SHAPE_SUFFIX, (ref_id,), (f"keys {sorted(ref)}",), collate)
     for pos, sample in samples.items():
         if sample.keys() != ref.keys():
-            return Disagreement("keys", None, (ref_id, int(ids[pos])), (f"keys {sorted(ref)}", f"keys {sorted(sample)}"),
-                                collate)
+            found = (f"keys {sorted(ref)}", f"keys {sorted(sample)}")
+            return Disagreement("keys", None, (ref_id, int(ids[pos])), found, collate)
         for key, arr in sample.items():
             r = ref[key]
             what = layout_conflict((r.shape, r.dtype), (arr.shape, arr.dtype), collate)

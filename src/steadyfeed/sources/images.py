@@ -156,7 +156,11 @@ class ImageFolder(ImageReader):
     * **Size**: with ``size=(h, w)`` every image is resized to exactly that (aspect ratio
       not kept). JPEGs that are at least twice as large are first DCT-scaled down while
       decoding (much cheaper), then resized exactly. Without ``size`` images keep their
-      own size, and a batch mixing sizes fails with the loader's shape-mismatch error.
+      own size: a batch mixing sizes raises the loader's ``CollateError`` (naming both
+      files; no image is skipped for it), or is padded under ``Loader(collate="pad")``.
+    * **What is an image**: files whose extension is in ``extensions``; other files in the
+      class folders (``notes.txt``) are left out (``scan_tree`` lists them, and
+      ``steadyfeed inspect`` shows them as ignored). An empty file is refused by name.
     * **Untrusted files**: a file over ``max_bytes`` is refused without reading more than
       that; an image whose header claims more than ``max_pixels`` pixels is refused before
       any pixel memory is allocated (Pillow's own ``Image.MAX_IMAGE_PIXELS`` check also

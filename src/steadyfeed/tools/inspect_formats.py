@@ -246,7 +246,8 @@ def probe_tfrecord(path: str, name: str, info: FileInfo) -> None:
                     feature.bytes.append(size)
     finally:
         os.close(fd)
-    info.table = {"records": len(rows), "features": [_feature_row(key, f, len(rows)) for key, f in sorted(features.items())]}
+    info.table = {"records": len(rows),
+                  "features": [_feature_row(key, f, len(rows)) for key, f in sorted(features.items())]}
     info.table["read_with"] = " ".join(f"--feature {row['suggested']}" for row in info.table["features"])
     info.refused += [(f"{name} feature {key!r}", why) for key, f in sorted(features.items())
                      if (why := _feature_refusal(key, f))]

@@ -301,7 +301,8 @@ def inspect_files(path: str | os.PathLike, *, decode: bool = False, checks: Sequ
         report.ignored += [{"item": _rel(p, root), "reason": why} for p, why in tree.ignored]
         report.refused += [{"item": _rel(os.path.join(root, name), root) + os.sep, "reason": str(error)}
                            for name, error in tree.empty.items()]
-        report.labels, report.label_source = Counter({n: len(tree.images[n]) for n in tree.classes}), "images per class folder"
+        report.labels = Counter({name: len(tree.images[name]) for name in tree.classes})
+        report.label_source = "images per class folder"
     else:
         listed = list(files) if files is not None else list_files(root)
     reader = _image_reader(size, channels)

@@ -13,5 +13,5 @@ def table(headers: list[str], rows: list[list[str]], indent: str = "", numbers_r
     widths = [max(len(cell) for cell in column) for column in columns]
     right = [i > 0 and (not numbers_right or all(not c or _NUMBER.match(c) for c in column[1:]))
              for i, column in enumerate(columns)]
-    return [(indent + "  ".join(cell.rjust(w) if r else cell.ljust(w) for cell, w, r in zip(row, widths, right))).rstrip()
+    return [(indent + "  ".join(c.rjust(w) if r else c.ljust(w) for c, w, r in zip(row, widths, right))).rstrip()
             for row in [headers, *rows]]

@@ -143,7 +143,8 @@ def scan(path: str) -> np.ndarray:
 
 def _compressed(head: bytes) -> str:
     """Why a file's first record header does not check out: a compressed file, or not TFRecord."""
-    kind = "GZIP" if head[:2] == b"\x1f\x8b" else "ZLIB" if head[:1] == b"\x78" and head[1] in b"\x01\x5e\x9c\xda" else None
+    zlib = head[:1] == b"\x78" and head[1] in b"\x01\x5e\x9c\xda"  # the zlib header's usual levels
+    kind = "GZIP" if head[:2] == b"\x1f\x8b" else "ZLIB" if zlib else None
     if kind is None:
         return "not a TFRecord file, or damaged"
     return (f"it is {kind}-compressed (TFRecordOptions(compression_type={kind!r})); TFRecordSource reads "
