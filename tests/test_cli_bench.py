@@ -111,9 +111,10 @@ def test_human_table_names_the_bottleneck_and_recommends_a_setting(spec, capsys,
                            progress=True)
     assert code == 0
     for text in ("samples/s", "first batch s", "queue mean / max / prefetch", "CPU cores", "peak RSS MB",
-                 "inline", "1 thread", "transform", "transport", "read includes decoding",
-                 "bottleneck (", "recommended: workers="):
+                 "inline", "1 thread", "transform", "transport", "read includes decoding", "runs (spread)",
+                 "bottleneck ("):
         assert text in out
+    assert "recommended: workers=" in out or "tie (inline, 1 thread): " in out  # which one: the machine's call
     assert "bench 1 thread" in err  # the progress bar, on stderr only
 
 
@@ -226,3 +227,92 @@ def test_the_report_counts_batches_the_consumer_made(spec, capsys, no_leaks):
     assert 0 <= by_label["1 thread"]["inline_batches"] <= by_label["1 thread"]["batches"]
     code, out, _ = bench(capsys, spec("fast"), "--workers", "0", "--modes", "thread", "--max-batches", "4")
     assert code == 0 and "made inline" in out and "100%" in out
+
+
+# -- repeats, spread and ties ------------------------------------------------------------------------
+def ran(workers, mode, *runs, prefetch=4):
+    """A Measurement whose runs gave ``runs`` samples/s (its window: the median's)."""
+    m = measured(workers, mode, sorted(runs)[len(runs) // 2], prefetch=prefetch)
+    m.runs = list(runs)
+    m.timeline = [(0.01 * k, k % (prefetch + 1)) for k in range(20)] if workers else []
+    return m
+
+
+def test_each_setting_runs_repeat_times_in_turns_and_the_report_shows_the_spread(spec, capsys, no_leaks):
+    from steadyfeed.tools.bench import bench as run_bench, grid
+
+    order = []
+    loader = Loader(ArraySource(x=np.zeros((64, 2), np.float32)), 8)
+    report = run_bench(loader, grid([0, 1], ["thread"]), max_batches=3, repeat=2,
+                       on_run=lambda setting, round_: order.append((setting.label, round_)))
+    assert order == [("inline", 0), ("1 thread", 0), ("inline", 1), ("1 thread", 1)]  # in turns
+    assert all(len(m.runs) == 2 and m.slowest <= m.samples_per_second <= m.fastest for m in report.measurements)
+    code, out, _ = bench(capsys, spec("fast"), "--workers", "0,1", "--modes", "thread", "--max-batches", "3",
+                         "--repeat", "2")
+    assert code == 0 and "runs (spread)" in out and "2 run(s) per setting" in out
+    code, report = bench_json(capsys, spec("fast"), "--workers", "1", "--modes", "thread", "--max-batches", "3")
+    assert report["repeat"] == 3 and len(report["settings"][0]["runs"]) == 3  # the default
+
+
+def test_a_setting_is_recommended_only_when_it_beats_every_other_in_every_run():
+    clear = [ran(0, "thread", 500, 520, 510), ran(2, "thread", 1000, 1010, 990)]
+    rec = recommend(clear)
+    assert (rec.verdict, rec.setting, rec.tied) == ("recommended", Setting(2, "thread"), [])
+    overlapping = [ran(0, "thread", 900, 1100, 1000), ran(2, "thread", 1000, 1200, 1150)]
+    rec = recommend(overlapping)
+    assert rec.verdict == "tie" and rec.tied == [Setting(0, "thread"), Setting(2, "thread")]
+    assert rec.setting == Setting(0, "thread") and "tie" in rec.reason and "cheapest is inline" in rec.reason
+    report = format_report({"source": "s", "batch_size": 8, "epochs": 1, "repeat": 3, "max_batches": 3,
+                            "warmup_batches": 2, "consumer_ms": 0, "read_includes_decode": True,
+                            "settings": [m.as_dict() for m in overlapping], "bottleneck": None,
+                            "recommendation": {"verdict": "tie", "tied": ["inline", "2 thread"], "label": "inline",
+                                               "workers": 0, "mode": "thread", "reason": rec.reason}})
+    assert "tie (inline, 2 thread):" in report and "recommended:" not in report
+
+
+def test_identical_runs_that_only_noise_tells_apart_always_get_the_same_answer():
+    # three benches of one machine: the medians come out in another order every time
+    answers = set()
+    for speeds in [(1000, 1040, 980), (1040, 980, 1000), (980, 1000, 1040)]:
+        grid_ = [(0, "thread"), (1, "thread"), (2, "process")]
+        runs = [ran(w, m, s - 40, s, s + 40) for (w, m), s in zip(grid_, speeds)]
+        rec = recommend(runs)
+        answers.add((rec.verdict, rec.setting))
+    assert answers == {("tie", Setting(0, "thread"))}
+
+
+def test_the_plot_draws_only_settings_with_a_queue_on_one_time_axis_and_no_axis_below_zero():
+    from steadyfeed.tools.bench import Report
+
+    runs = [ran(0, "thread", 500, 510), ran(1, "thread", 800, 820), ran(2, "thread", 900, 950),
+            Measurement(Setting(2, "process"), error="SampleError: sample 3 ...")]
+    report = Report(runs, recommend(runs), None, {}).as_dict()
+    figure = plots.bench_figure(report)
+    throughput, *queues = figure.axes
+    assert [ax.get_title().split(":")[0] for ax in queues] == ["1 thread", "2 thread"]  # no inline, no failed one
+    assert queues[0].get_shared_x_axes().joined(queues[0], queues[1])
+    assert throughput.get_ylim()[0] == 0 and all(ax.get_ylim()[0] == 0 for ax in queues)
+    failed = [Measurement(Setting(w, "thread"), error="TooManyErrors: ...") for w in (0, 1)]
+    figure = plots.bench_figure(Report(failed, None, None, {}).as_dict())
+    (only,) = figure.axes
+    low, high = only.get_ylim()
+    assert low == 0 and high > 0
+
+
+def test_bad_files_are_measured_under_skip_with_max_error_fraction(tmp_path, capsys, no_leaks):
+    for d in ("in", "lab"):
+        (tmp_path / d).mkdir()
+    for i in range(20):
+        np.save(tmp_path / "in" / f"{i:02d}.npy", np.full(4, i, np.float32))
+        np.save(tmp_path / "lab" / f"{i:02d}.npy", np.int64(i))
+    for i in (3, 7, 11):
+        (tmp_path / "in" / f"{i:02d}.npy").write_bytes(b"\x93NUMPY garbage")
+    data = ["--npy-pairs", str(tmp_path / "in"), str(tmp_path / "lab"), "--batch-size", "4", "--workers", "0,2",
+            "--modes", "thread", "--warmup", "0", "--max-batches", "0", "--repeat", "1"]
+    code, report = bench_json(capsys, *data)
+    assert code == 1 and all(s["error"].startswith("SampleError: sample 3") for s in report["settings"])
+    code, report = bench_json(capsys, *data, "--on-error", "skip")
+    assert code == 1 and all("TooManyErrors" in s["error"] and "max_error_fraction=0.1" in s["error"]
+                             for s in report["settings"])
+    code, report = bench_json(capsys, *data, "--on-error", "skip", "--max-error-fraction", "0.2")
+    assert code == 0 and [(s["samples"], s["skipped"]) for s in report["settings"]] == [(17, 3), (17, 3)]

@@ -322,6 +322,50 @@ def test_real_sigint_while_waiting_for_a_batch(workers, mode, marker_dir, no_lea
     assert time.monotonic() - t0 < 10
 
 
+def second_ctrl_c_while_stopping(monkeypatch, mode):
+    """The next worker.stop() is interrupted by a (second) Ctrl-C, as a user pressing it twice does."""
+    from steadyfeed.execution.workers import ProcessWorker, ThreadWorker
+
+    kind = ThreadWorker if mode == "thread" else ProcessWorker
+    real_stop = kind.stop
+
+    def interrupted(self):
+        monkeypatch.setattr(kind, "stop", real_stop)
+        raise KeyboardInterrupt("second")
+
+    monkeypatch.setattr(kind, "stop", interrupted)
+
+
+@pytest.mark.parametrize("workers,mode", MODES)
+def test_a_second_ctrl_c_while_waiting_workers_stop_is_folded_into_the_first(workers, mode, monkeypatch, no_leaks):
+    from steadyfeed.execution.pool import WorkerPool
+
+    def first_ctrl_c(self, timeout):  # the first Ctrl-C lands while the consumer waits for a batch
+        raise KeyboardInterrupt("first")
+
+    monkeypatch.setattr(WorkerPool, "wait", first_ctrl_c)
+    second_ctrl_c_while_stopping(monkeypatch, mode)
+    loader = Loader(paired_source(100), 4, workers=workers, mode=mode, inline_when_faster=False)
+    with pytest.raises(KeyboardInterrupt) as info:
+        list(loader)
+    # one interrupt, not a second one raised from inside the shutdown with the first as its context
+    assert str(info.value) == "first" and info.value.__context__ is None
+    assert loader._pool is None
+    loader.close()
+
+
+@pytest.mark.parametrize("workers,mode", MODES)
+def test_a_second_ctrl_c_while_closing_after_the_first_is_folded_into_it(workers, mode, monkeypatch, no_leaks):
+    second_ctrl_c_while_stopping(monkeypatch, mode)
+    with pytest.raises(KeyboardInterrupt) as info:
+        with Loader(paired_source(100), 4, workers=workers, mode=mode) as loader:
+            batches = iter(loader)  # held, as a framework holds it: closing the loader stops the workers
+            next(batches)
+            raise KeyboardInterrupt("first")  # in the training step
+    assert str(info.value) == "first" and info.value.__context__ is None
+    del batches
+
+
 def test_close_is_idempotent_and_closed_loader_refuses(no_leaks):
     loader = Loader(paired_source(10), 2, workers=2, mode="process")
     next(iter(loader))

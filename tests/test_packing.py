@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from steadyfeed import ArraySource, DataError, Loader
+from steadyfeed import ArraySource, DataError, Loader, TooManyErrors
 from steadyfeed.locking import Serialized, serialized
 from steadyfeed.packing import pack
 from steadyfeed.sources.tfrecord import TFRecordSource
@@ -289,7 +289,7 @@ def test_cli_packs_a_generator_from_a_file(spec_file, tmp_path, capsys):
 def test_cli_packs_a_source_class_with_process_workers(spec_file, tmp_path, capsys, no_leaks):
     out = tmp_path / "out"
     assert main(["pack", "make_data:Squares", str(out), "--workers", "2", "--mode", "process",
-                 "--no-progress"]) == 1  # not importable by module name before the file was loaded
+                 "--no-progress"]) == 2  # not importable by module name before the file was loaded: a usage error
     assert "cannot import module 'make_data'" in capsys.readouterr().err
     assert main(["pack", f"{spec_file}:Squares", str(out), "--workers", "2", "--mode", "process",
                  "--no-progress"]) == 0
@@ -303,8 +303,8 @@ def test_cli_packs_a_source_class_with_process_workers(spec_file, tmp_path, caps
     ("missing.py:samples", "SPEC file not found"),
     ("{file}:nothing", "has no 'nothing'"),
 ])
-def test_cli_reports_bad_specs_with_exit_code_1(spec_file, tmp_path, capsys, spec, message):
-    assert main(["pack", spec.format(file=spec_file), str(tmp_path / "out"), "--no-progress"]) == 1
+def test_cli_reports_bad_specs_with_exit_code_2_like_every_command(spec_file, tmp_path, capsys, spec, message):
+    assert main(["pack", spec.format(file=spec_file), str(tmp_path / "out"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("steadyfeed pack: error: ") and message in err
     assert not (tmp_path / "out").exists()
@@ -387,3 +387,112 @@ def test_serialized_with_timeout_refuses_to_wait_forever():
         release.set()
         holder.join()
     guarded()  # free again
+
+
+# -- messy data, permissions, the shortcuts, exit codes -------------------------------------------
+import messy  # noqa: E402 - the builders of messy data, shared with test_collate.py
+
+
+@pytest.fixture(params=[0o022, 0o077], ids=["umask 022", "umask 077"])
+def umask(request):
+    old = os.umask(request.param)
+    yield request.param
+    os.umask(old)
+
+
+def test_the_output_is_readable_as_the_umask_says(tmp_path, umask):
+    out = pack(every_kind(N), tmp_path / "out", shard_size=16, progress=False)
+    assert os.stat(out).st_mode & 0o777 == 0o777 & ~umask  # 0o755 under 022: the training job's account reads it
+    for name in os.listdir(out):
+        assert os.stat(out / name).st_mode & 0o777 == 0o666 & ~umask, name
+
+
+@pytest.mark.parametrize("workers,mode", [(0, "thread"), (2, "thread"), (2, "process")])
+def test_skip_leaves_out_the_unreadable_image_lists_it_and_keeps_the_rest_bit_exact(tmp_path, workers, mode,
+                                                                                    no_leaks):
+    pytest.importorskip("PIL")
+    from steadyfeed.sources.images import ImageFolder
+
+    source = ImageFolder(messy.image_tree(tmp_path / "tree", empty_file=True, notes=True), size=messy.SIZE)
+    empty = source.files.index(str(tmp_path / "tree" / "dogs" / "empty.png"))
+    with pytest.raises(DataError, match=rf"sample {empty} \(.*empty.png\): .*empty file"):
+        pack(source, tmp_path / "raised", workers=workers, mode=mode, progress=False)
+    assert not (tmp_path / "raised").exists()
+    out = pack(source, tmp_path / "out", shard_size=5, workers=workers, mode=mode, progress=False,
+               on_error="skip", max_error_fraction=0.1)
+    manifest = json.loads((out / "manifest.json").read_text())
+    (entry,) = manifest["quarantine"]
+    assert (entry["sample_id"], entry["location"], entry["error_type"]) == (empty, source.files[empty], "DataError")
+    assert manifest["samples"] == len(source) - 1
+    packed = TFRecordSource(out)
+    kept = [i for i in range(len(source)) if i != empty]
+    for record, i in enumerate(kept):  # record k: the k-th sample that read
+        assert_bit_exact(packed[record], source[i])
+    packed.close()
+    with pytest.raises(TooManyErrors, match="max_error_fraction=0.01"):
+        pack(source, tmp_path / "strict", workers=workers, mode=mode, progress=False, on_error="skip",
+             max_error_fraction=0.01)
+    assert not (tmp_path / "strict").exists()
+
+
+def test_a_sample_unlike_the_first_is_not_skipped_under_skip(tmp_path):
+    with pytest.raises(DataError, match="sample 23: key 'x': expected float32"):
+        pack(OddOneOut(), tmp_path / "out", on_error="skip", max_error_fraction=1.0, progress=False)
+
+
+def make_shortcut(kind: str, root) -> list[str]:
+    """The command line of one SPEC shortcut, over data written for it; each source holds 6 samples."""
+    if kind == "images":
+        pytest.importorskip("PIL")
+        return ["--images", str(messy.image_tree(root / "tree", per_class=3, odd=False))]
+    if kind == "npy-pairs":
+        return ["--npy-pairs", *map(str, messy.npy_pairs(root, n=6))]
+    if kind == "npy":
+        np.save(root / "x.npy", np.arange(12.0).reshape(6, 2))
+        np.save(root / "y.npy", np.arange(6))
+        return ["--npy", str(root / "x.npy"), "--key", f"y={root / 'y.npy'}"]
+    if kind == "hdf5":
+        h5py = pytest.importorskip("h5py")
+        with h5py.File(root / "d.h5", "w") as f:
+            f["x"] = np.arange(12.0).reshape(6, 2)
+        return ["--hdf5", str(root / "d.h5"), "--key", "x=/x"]
+    if kind == "csv":
+        (root / "t.csv").write_text("a,b\n" + "".join(f"{i},{i * 2}\n" for i in range(6)))
+        return ["--csv", str(root / "t.csv"), "--x", "a", "--y", "b"]
+    pack([{"x": np.full(2, i, np.float32)} for i in range(6)], root / "source", progress=False)
+    return ["--tfrecord", str(root / "source")]
+
+
+@pytest.mark.parametrize("kind", ["images", "npy-pairs", "npy", "hdf5", "csv", "tfrecord"])
+def test_every_spec_shortcut_packs(tmp_path, kind, capsys, no_leaks):
+    argv = make_shortcut(kind, tmp_path)
+    assert main(["pack", *argv, str(tmp_path / "out"), "--no-progress", "--workers", "2"]) == 0
+    assert capsys.readouterr().out.startswith("packed 6 samples")
+    packed = TFRecordSource(tmp_path / "out")
+    assert len(packed) == 6
+    packed.close()
+
+
+def test_cli_skip_reports_what_it_left_out_and_usage_errors_exit_2(tmp_path, capsys, no_leaks):
+    pytest.importorskip("PIL")
+    root = messy.image_tree(tmp_path / "tree", empty_file=True)
+    images = ["--images", str(root), "--image-size", "24", "32", "--no-progress"]
+    assert main(["pack", *images, str(tmp_path / "a")]) == 1  # raise: the data failed
+    assert "empty file" in capsys.readouterr().err and not (tmp_path / "a").exists()
+    assert main(["pack", *images, str(tmp_path / "b"), "--on-error", "skip"]) == 0
+    out = capsys.readouterr().out
+    assert "packed 12 samples" in out and "skipped 1 sample(s)" in out and "empty.png" in out
+    assert main(["pack", *images, str(tmp_path / "b"), "--on-error", "skip"]) == 2  # OUT is not empty
+    assert "does not overwrite" in capsys.readouterr().err
+    for argv in (["--shard-size", "0"], ["--max-error-fraction", "2"], ["--npy", str(tmp_path / "missing.npy")]):
+        assert main(["pack", *(images if argv[0] != "--npy" else ["--no-progress"]), *argv, str(tmp_path / "c")]) == 2
+        assert capsys.readouterr().err.startswith("steadyfeed pack: error: ")
+
+
+@pytest.mark.parametrize("command", ["demo", "pack", "bench", "audit", "inspect"])
+def test_every_commands_help_documents_its_exit_codes(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "exit codes: 0" in text and "; 1 " in text and "2 a usage error" in text

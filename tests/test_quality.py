@@ -151,6 +151,21 @@ def test_audit_reports_label_drift_between_epochs():
         assert audit(loader, settings=[(0, "thread")]).passed
 
 
+def test_label_drift_is_checked_for_labels_held_as_a_column_and_a_skip_says_why():
+    labels = (np.arange(20) % 2).reshape(20, 1)  # (N, 1), as Keras often holds class ids
+    assert label_classes(labels) == (np.arange(20) % 2).tolist()
+    with Loader(int_labelled(20, labels), 4, sampler=AlternatingClasses(labels[:, 0])) as loader:
+        drift = {c.name: c for c in audit(loader, settings=[(0, "thread")]).checks}["label_drift_epochs"]
+    assert drift.status == "fail" and drift.details["distances"] == {1: 1.0}
+    with Loader(int_labelled(20, labels), 4) as loader:
+        skipped = {c.name: c for c in audit(loader, epochs=1, settings=[(0, "thread")]).checks}["label_drift_epochs"]
+    assert (skipped.status, skipped.summary) == ("skip", "needs 2+ completed epochs, 1 completed")
+    floats = ArraySource(x=np.zeros((8, 2), np.float32), y=np.linspace(0, 1, 8))
+    with Loader(floats, 4) as loader:
+        skipped = {c.name: c for c in audit(loader, settings=[(0, "thread")]).checks}["label_drift_epochs"]
+    assert skipped.status == "skip" and "not categorical" in skipped.summary
+
+
 def test_audit_reports_label_drift_between_splits_and_quality_problems():
     train = int_labelled(20, np.arange(20) % 2)
     skewed = ArraySource(x=np.arange(100, 120, dtype=np.float32).reshape(10, 2), y=np.r_[np.zeros(9), 1].astype(int))

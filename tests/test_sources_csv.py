@@ -311,3 +311,13 @@ def test_pickle_carries_no_handle_and_close_releases_everything(tmp_path):
     clone.close()
     assert not {path, path + SUFFIX} & open_paths()
     assert src.fingerprint() == clone.fingerprint() != CsvSource(path, x=FEATURES).fingerprint()
+
+
+def test_utf_8_sig_is_read_like_utf_8_with_its_byte_order_mark(tmp_path):
+    path = tmp_path / "excel.csv"
+    with open(path, "w", newline="", encoding="utf-8-sig") as f:  # what Excel writes: a BOM first
+        csv.writer(f).writerows([["é", "b"], ["1", "2"], ["3", "4"]])
+    source = CsvSource(str(path), x=["é", "b"], encoding="utf-8-sig", cache_dir=tmp_path / "cache")
+    assert source.columns == ["é", "b"] and [source[i]["x"].tolist() for i in range(2)] == [[1, 2], [3, 4]]
+    with pytest.raises(ValueError, match="ASCII-compatible"):
+        CsvSource(str(path), x=["b"], encoding="utf-16")

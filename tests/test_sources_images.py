@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from steadyfeed import DataError, Loader, SampleError
+from steadyfeed import CollateError, DataError, Loader, SampleError
 from steadyfeed.sources import images
 from steadyfeed.sources.images import ImageFolder
 
@@ -179,11 +179,14 @@ def test_resize_uses_dct_scaling_for_large_jpegs_then_an_exact_resize(tmp_path, 
     assert ImageFolder(small, size=(20, 30))[0]["x"].shape == (20, 30, 3)  # upscaling too
 
 
-def test_images_of_different_sizes_without_size_give_the_loaders_shape_error(tmp_path):
+def test_images_of_different_sizes_without_size_give_the_loaders_collate_error(tmp_path):
     save(tmp_path / "c" / "a.png", gradient(8, 8))
     save(tmp_path / "c" / "b.png", gradient(8, 9))
-    with Loader(ImageFolder(tmp_path), 2) as loader, pytest.raises(SampleError, match="shape"):
-        list(loader)
+    with Loader(ImageFolder(tmp_path), 2, on_error="skip") as loader:
+        with pytest.raises(CollateError, match="size=") as info:
+            list(loader)
+    assert info.value.locations == (str(tmp_path / "c" / "a.png"), str(tmp_path / "c" / "b.png"))
+    assert loader.quarantine_report() == []
 
 
 # -- untrusted files -------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from steadyfeed import DataError, Loader, SampleError
+from steadyfeed import CollateError, DataError, Loader, SampleError
 from steadyfeed.sources.npy import NpyArray, NpyPairs, read_npy
 
 from helpers import assert_paired, label_of
@@ -235,15 +235,17 @@ def test_pairs_exactly_once_through_workers(tmp_path, mode, no_leaks):
             assert sorted(delivered(loader).tolist()) == list(range(n)), epoch
 
 
-def test_mismatched_shapes_in_one_batch_name_both_ids_and_shapes(tmp_path, no_leaks):
+def test_mismatched_shapes_in_one_batch_name_both_ids_files_and_shapes(tmp_path, no_leaks):
     inputs, labels = write_pairs(tmp_path, 6)
     np.save(inputs / "0004.npy", np.zeros((2, 3)))
-    with Loader(NpyPairs(inputs, labels), 6, workers=2, mode="thread") as loader:
-        with pytest.raises(SampleError) as info:
+    with Loader(NpyPairs(inputs, labels), 6, workers=2, mode="thread", on_error="skip") as loader:
+        with pytest.raises(CollateError) as info:
             list(loader)
+        assert loader.quarantine_report() == []  # neither file is to blame
     err = info.value
-    assert err.sample_id == 4 and err.location.startswith(str(inputs / "0004.npy"))
-    assert "sample 4 has shape (2, 3) float64 but sample 0 (first of its batch) has shape (4,) float64" in str(err)
+    assert err.sample_ids == (0, 4) and err.locations[1].startswith(str(inputs / "0004.npy"))
+    assert (f"sample 4 ({inputs / '0004.npy'}, {labels / '0004.npy'}) has shape (2, 3) float64 but sample 0 "
+            in str(err)) and "the first of its batch, has shape (4,) float64" in str(err)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -1,7 +1,9 @@
 """steadyfeed: feed larger-than-memory data to Keras 3 through concurrent workers,
 exactly once, reproducibly, and never silently or stuck."""
 from .config import ExecutionOptions, FailureOptions, LoaderConfig, ReadOptions, ShardOptions
-from .errors import DataError, RayClusterLost, SampleError, SampleTimeout, SteadyfeedError, TooManyErrors, WorkerDied
+from .errors import (
+    CollateError, DataError, RayClusterLost, SampleError, SampleTimeout, SteadyfeedError, TooManyErrors, WorkerDied,
+)
 from .loader import Loader
 from .locking import serialized
 from .packing import pack
@@ -16,6 +18,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArraySource",
     "Checked",
+    "CollateError",
     "CsvSource",
     "DataError",
     "DiskCache",

@@ -27,9 +27,11 @@ from .sampling.plan import LAST_BATCH_POLICIES, LastBatch
 
 Mode = Literal["thread", "process", "ray"]
 OnError = Literal["raise", "skip"]
+Collate = Literal["stack", "pad"]
 
 MODES: tuple[str, ...] = typing.get_args(Mode)
 ERROR_POLICIES: tuple[str, ...] = typing.get_args(OnError)
+COLLATE_POLICIES: tuple[str, ...] = typing.get_args(Collate)
 
 
 def option(default: Any = dataclasses.MISSING, *, doc: str, cli: bool = True, metavar: str | None = None) -> Any:
@@ -79,11 +81,17 @@ class ReadOptions:
                                    doc="the last, short batch of an epoch: 'partial' keeps it, 'drop' leaves it out, "
                                        "'pad' fills it with masked rows (a float32 'mask' key)")
     with_ids: bool = option(False, doc="add each batch's sample ids under the key 'id'")
+    collate: Collate = option("stack",
+                              doc="how samples become a batch: 'stack' needs one shape and dtype per key (a "
+                                  "disagreement raises CollateError, under any on_error); 'pad' pads each key to "
+                                  "the largest shape of its batch (strings to the widest) and adds '<key>_shape' "
+                                  "(int64, rows x ndim) with each row's true shape")
 
     def __post_init__(self):
         _need(_is_int(self.batch_size) and self.batch_size >= 1, f"batch_size must be an int >= 1, got {self.batch_size!r}")
         _need(_is_int(self.seed) and self.seed >= 0, f"seed must be >= 0 (an int), got {self.seed!r}")
         _one_of("last_batch", self.last_batch, LAST_BATCH_POLICIES)
+        _one_of("collate", self.collate, COLLATE_POLICIES)
         _need(not (self.shuffle and self.sampler is not None), "pass either shuffle=True or a sampler, not both")
         _need(self.transform is None or callable(self.transform), "transform must be callable(sample, rng) -> dict")
 

@@ -19,6 +19,26 @@ class DataError(SteadyfeedError, ValueError):
     a corrupt record. The message names the file (and row or record) and what was expected."""
 
 
+class CollateError(DataError):
+    """Samples of one batch that each read fine cannot be put in one batch: their keys,
+    shapes or dtypes disagree (``Loader(collate=...)`` says how batches are made).
+
+    Not a :class:`SampleError`: no single sample is at fault, so it is raised under any
+    ``on_error`` and nothing is quarantined. ``sample_ids`` and ``locations`` name the
+    first sample of the batch and the one that differs from it, ``found`` what each has
+    (e.g. ``"shape (24, 32, 3) uint8"``), ``key`` the key (None when the keys differ)."""
+
+    def __init__(self, message: str, *, epoch: int, batch_index: int, key: str | None,
+                 sample_ids: tuple[int, ...], locations: tuple[str | None, ...], found: tuple[str, ...],
+                 collate: str):
+        super().__init__(message)
+        self.epoch, self.batch_index, self.key = epoch, batch_index, key
+        self.sample_ids, self.locations, self.found, self.collate = sample_ids, locations, found, collate
+
+    def __reduce__(self):  # keep the fields when pickled
+        return (_rebuild, (type(self), self.args[0], self.__dict__.copy()))
+
+
 class SampleError(SteadyfeedError):
     """A sample could not be read or transformed (after all its attempts)."""
 

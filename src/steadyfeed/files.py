@@ -7,7 +7,8 @@ reader sees the old file or the whole new one, never a torn one, also with concu
 writers; a writer that fails or is interrupted removes its temporary file (a writer killed
 outright leaves a hidden ``.<name>.*.tmp`` that no reader trusts). New files get the mode
 the process's umask gives (``0o666 & ~umask``), as ``open()`` would, so another account
-reading the data can read what steadyfeed wrote beside it.
+reading the data can read what steadyfeed wrote beside it; so do the directories that
+:func:`staging_directory` makes for outputs published whole (``pack``).
 """
 from __future__ import annotations
 
@@ -42,6 +43,21 @@ def atomic_write(path: str | os.PathLike, data: bytes, *, fsync: bool = True) ->
     """Write ``data`` to ``path`` atomically (see :func:`atomic_file`)."""
     with atomic_file(path, fsync=fsync) as f:
         f.write(data)
+
+
+def staging_directory(target: str | os.PathLike) -> str:
+    """A new, empty, hidden directory ``.<name>.partial-*`` beside ``target``, to fill and then
+    rename to ``target``. Its mode is what the umask gives (``0o777 & ~umask``, as ``mkdir``
+    makes it), not ``tempfile.mkdtemp``'s owner-only 0o700: a directory published by a rename
+    keeps its mode, and another account (the training job) must be able to read it."""
+    directory, name = os.path.split(os.path.abspath(os.fspath(target)))
+    while True:
+        path = os.path.join(directory, f".{name}.partial-{os.getpid()}-{os.urandom(4).hex()}")
+        try:
+            os.mkdir(path)  # 0o777 & ~umask
+            return path
+        except FileExistsError:  # another writer's name, by a 1 in 4 billion chance: draw again
+            continue
 
 
 def fsync_directory(path: str | os.PathLike) -> None:

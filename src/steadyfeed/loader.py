@@ -3,7 +3,9 @@
 Guarantees (each proven by a test named in the README):
 
 * every sample of the shard's plan is delivered exactly once per epoch, with its own
-  label, or raised / quarantined as a :class:`SampleError`;
+  label, or raised / quarantined as a :class:`SampleError`; samples that each read fine
+  but cannot share a batch raise :class:`CollateError` under any ``on_error`` (no sample
+  is charged for it);
 * the same seed gives bit-identical batches for any ``workers`` and ``mode``;
 * at most ``prefetch`` batches are in flight or waiting;
 * a dead or hung worker is detected, never waited on forever;
@@ -23,6 +25,7 @@ import numpy as np
 
 from .config import ExecutionOptions, FailureOptions, LoaderConfig, ReadOptions, ShardOptions
 from .errors import SampleError, SampleTimeout, TooManyErrors, WorkerDied, with_original_type
+from .execution.batch import collate_error
 from .execution.handoff import FixedHandoff, make_handoff
 from .execution.pool import InlinePool, make_pool
 from .execution.scheduler import EpochRun, Outcome
@@ -131,7 +134,6 @@ class Loader:
         if not self._active.acquire(blocking=False):
             raise RuntimeError("this Loader is already running an epoch; finish or close that iterator first (a "
                                "KerasDataset keeps the epoch it serves open between Keras calls: close() it)")
-        finished = False
         started = time.perf_counter()  # first-batch latency includes starting the workers
         try:
             run = self._epoch_run(self._ensure_pool(), self._handoff, plan, epoch, start,
@@ -147,11 +149,21 @@ class Loader:
                 if batch is not None:
                     yield batch
             self._cursor = (epoch + 1, 0)
-            finished = True
+        except BaseException as exc:  # early exit (GeneratorExit), an error, Ctrl-C: stop everything now
+            self._stop_pool_for(exc)
+            raise
         finally:
-            if not finished:  # early exit, error, KeyboardInterrupt: stop everything now
-                self._shutdown_pool()
             self._active.release()
+
+    def _stop_pool_for(self, exc: BaseException) -> None:
+        """Stop the workers as ``exc`` leaves the epoch. A second Ctrl-C while they stop makes the
+        pool stop waiting and kill (or leave) the rest; it is folded into the first one, which
+        goes on alone, rather than printing a second traceback from inside the shutdown."""
+        try:
+            self._shutdown_pool()
+        except KeyboardInterrupt:
+            if not isinstance(exc, KeyboardInterrupt):
+                raise
 
     def _epoch_run(self, pool, handoff, plan, epoch: int, start: int, prefetch: int, stats: LoaderStats) -> EpochRun:
         failure = self.config.failure
@@ -176,12 +188,14 @@ class Loader:
         outcome = next(iter(run))
         if outcome.failures:
             raise self._sample_error(outcome.failures[0], epoch, batch_index)
+        if outcome.disagreement is not None:
+            raise collate_error(outcome.disagreement, self.source, epoch, batch_index)
         return self._public(outcome.arrays)
 
     def _work_context(self, stop_on_failure: bool) -> WorkContext:
         read = self.config.read
         return WorkContext(self.source, read.transform, int(read.seed), self.config.failure.retries, stop_on_failure,
-                           self.config.execution.worker_niceness)
+                           self.config.execution.worker_niceness, read.collate)
 
     def _public(self, batch: dict) -> dict:
         """The batch as users see it: "id" only when asked for."""
@@ -219,6 +233,8 @@ class Loader:
                 f"{failures[-1].error_type}: {failures[-1].message}. See loader.quarantine_report()."
             )
         self._stats.add_stages(outcome.timings)
+        if outcome.disagreement is not None:  # no sample's failure: raised under any on_error, in plan order
+            raise collate_error(outcome.disagreement, self.source, epoch, spec.index)
         batch = outcome.arrays
         if batch is None:
             return None
@@ -315,14 +331,20 @@ class Loader:
     def close(self) -> None:
         """Stop and join every worker, release shared memory, close the source."""
         self._closed = True
-        self._finalizer()
-        close_source(self.source)
+        try:
+            self._finalizer()
+        finally:
+            close_source(self.source)
 
     def __enter__(self) -> "Loader":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.close()
+        except KeyboardInterrupt:  # a second Ctrl-C while closing after the first: one is enough
+            if not isinstance(exc, KeyboardInterrupt):
+                raise
 
     def __repr__(self) -> str:
         read, execution = self.config.read, self.config.execution

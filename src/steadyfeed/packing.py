@@ -11,10 +11,17 @@ Guarantees:
   item of the iterable, bit-exact: ``TFRecordSource(out_dir)[i]`` equals it in every key,
   dtype, shape and byte; the output bytes do not depend on ``workers`` or ``mode``;
 * every sample has the keys, dtypes and shapes of the first, or packing stops with a
-  DataError naming the sample, the key, what was expected and what was found;
+  DataError naming the sample, the key, what was expected and what was found (under any
+  ``on_error``: a sample that reads fine is never dropped for disagreeing with another);
+* ``on_error="skip"``: a sample that fails to *read* is left out, and listed under
+  ``"quarantine"`` in the manifest (id, where it lives, the error; the same entries as
+  ``Loader.quarantine_report()``); record ``i`` is then the ``i``-th sample that read. More
+  failures than ``max_error_fraction`` of the samples raise ``TooManyErrors``;
 * the dataset appears whole or not at all: everything is written (and fsynced) into a hidden
   ``.<name>.partial-*`` directory beside ``out_dir``, renamed to ``out_dir`` only once
   complete; an error removes it, a crash leaves only that hidden directory;
+* the directory and files get the modes the umask gives (``files.py``), so another account
+  can read the shards;
 * ``tf.data.TFRecordDataset`` reads the shards as they are.
 """
 from __future__ import annotations
@@ -24,16 +31,18 @@ import json
 import math
 import os
 import shutil
-import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from .errors import DataError, SampleError
-from .files import fsync_directory
+from .config import FailureOptions
+from .errors import DataError, SampleError, TooManyErrors
+from .files import fsync_directory, staging_directory
 from .loader import Loader
 from .progress import progress_bar
+from .quarantine import QuarantineEntry
 from .sources.base import close_source, locate, read_many
 from .sources.tfrecord import (
     INDEX_SUFFIX, MANIFEST_NAME, FeatureSpec, RecordWriter, check_sample, encode_example, index_path,
@@ -46,17 +55,21 @@ MAX_CHUNK = 256
 
 
 def pack(source: Any, out_dir: str | os.PathLike, shard_size: int = DEFAULT_SHARD_SIZE, *,
-         workers: int = 0, mode: str = "thread", progress: bool = True) -> Path:
+         workers: int = 0, mode: str = "thread", progress: bool = True, on_error: str = "raise",
+         max_error_fraction: float = 0.1) -> Path:
     """Write ``source`` (``len`` + ``getitem``) or an iterable of sample dicts to ``out_dir``.
 
     ``shard_size`` records go in each shard. A source is read and encoded by a Loader with
     ``workers`` (``mode`` "thread" or "process"), in chunks written in sample id order; an
     iterable (e.g. a legacy generator) is consumed once, in this thread, and needs no len.
-    ``progress`` shows a tqdm bar on stderr. ``out_dir`` must not exist or be empty.
-    Returns ``out_dir`` as a Path, ready for ``TFRecordSource(out_dir)``.
+    ``on_error="skip"`` leaves out the samples that fail to read and lists them in the
+    manifest (see the module docstring). ``progress`` shows a tqdm bar on stderr.
+    ``out_dir`` must not exist or be empty. Returns ``out_dir`` as a Path, ready for
+    ``TFRecordSource(out_dir)``.
     """
     if int(shard_size) < 1:
         raise ValueError(f"shard_size must be >= 1 records, got {shard_size}")
+    skipped = _Skipped(FailureOptions(on_error=on_error, max_error_fraction=max_error_fraction))  # validates them
     require_support()
     out_dir = Path(out_dir)
     _check_target(out_dir)
@@ -64,15 +77,17 @@ def pack(source: Any, out_dir: str | os.PathLike, shard_size: int = DEFAULT_SHAR
     if workers and not is_source:
         raise ValueError("workers need a source with __len__ and __getitem__; an iterable is read once, in order")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    staging = Path(staging_directory(out_dir))
     try:
         encoder = SampleEncoder()
-        chunks = _source_chunks(source, encoder, workers, mode) if is_source else _iterable_chunks(source, encoder)
+        chunks = (_source_chunks(source, encoder, workers, mode, skipped) if is_source
+                  else _iterable_chunks(source, encoder, skipped))
         bar = progress_bar(len(source) if is_source else None, f"pack {out_dir.name}", unit=" samples",
                            enabled=progress, leave=True)
         with contextlib.closing(chunks), bar:
             counts = _write_shards(chunks, staging, int(shard_size), bar)
-        _finish(staging, counts, encoder.specs or {})
+        skipped.check(sum(counts) + len(skipped.entries), final=True)
+        _finish(staging, counts, encoder.specs or {}, skipped.report())
         _publish(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -101,31 +116,83 @@ def _named(sample_id: int, where: str | None, exc: Exception) -> DataError:
     return DataError(f"sample {sample_id}{f' ({where})' if where else ''}: {cause}")
 
 
+class _Skipped:
+    """The samples left out under on_error="skip", and the max_error_fraction bound."""
+
+    def __init__(self, policy: FailureOptions):
+        self.policy = policy
+        self.entries: list[QuarantineEntry] = []
+
+    @property
+    def skip(self) -> bool:
+        return self.policy.on_error == "skip"
+
+    def add(self, entries: list[dict]) -> None:
+        self.entries += [QuarantineEntry(**e) for e in entries]
+
+    def check(self, total: int, final: bool = False) -> None:
+        """TooManyErrors past the bound: ``total`` is every sample, or (``final``) every one seen."""
+        if self.entries and len(self.entries) > self.policy.max_error_fraction * total:
+            last = self.entries[-1]
+            raise TooManyErrors(
+                f"{len(self.entries)} of {total} samples failed to read, more than max_error_fraction="
+                f"{self.policy.max_error_fraction}; last: sample {last.sample_id}"
+                f"{f' ({last.location})' if last.location else ''}: {last.error_type}: {last.message}")
+
+    def report(self) -> list[dict]:
+        return [asdict(e) for e in self.entries]
+
+
+def _entry(sample_id: int, chunk: int, where: str | None, exc: Exception) -> dict:
+    return asdict(QuarantineEntry(sample_id=sample_id, epoch=0, batch_index=chunk, attempts=1,
+                                  error_type=type(exc).__name__, message=str(exc), location=where))
+
+
 class _EncodedChunks:
     """A source whose item ``c`` is chunk ``c`` of another source, read and encoded:
     ``{"data": the records back to back (uint8), "lengths": each record's length}``.
 
     The Loader runs it with batch_size=1, so workers read and encode chunks in parallel
-    and the consumer receives them in chunk order, i.e. sample id order.
+    and the consumer receives them in chunk order, i.e. sample id order. With ``skip``, a
+    sample that fails to read is left out of its chunk and described in ``"failed"`` (the
+    quarantine entries as JSON bytes), so the other samples of its chunk are kept.
     """
 
-    def __init__(self, source: Any, encoder: SampleEncoder, chunk: int):
-        self.source, self.encoder, self.chunk = source, encoder, chunk
+    def __init__(self, source: Any, encoder: SampleEncoder, chunk: int, skip: bool = False):
+        self.source, self.encoder, self.chunk, self.skip = source, encoder, chunk, skip
 
     def __len__(self) -> int:
         return math.ceil(len(self.source) / self.chunk)
 
     def __getitem__(self, c: int) -> dict:
         ids = list(range(c * self.chunk, min((c + 1) * self.chunk, len(self.source))))
-        samples = read_many(self.source, ids) or [None] * len(ids)  # None: read one by one in encode
-        records = [self.encode(i, sample) for i, sample in zip(ids, samples)]
+        samples = read_many(self.source, ids) or [None] * len(ids)  # None: read one by one
+        records, failed = [], []
+        for i, sample in zip(ids, samples):
+            try:
+                sample = self.read(i) if sample is None else sample
+            except DataError as exc:
+                if not self.skip:
+                    raise
+                failed.append(_entry(i, c, locate(self.source, i), exc.__cause__ or exc))
+                continue
+            records.append(self.encode(i, sample))
         return {"data": np.frombuffer(b"".join(records), dtype=np.uint8),
-                "lengths": np.array([len(r) for r in records], dtype=np.int64)}
+                "lengths": np.array([len(r) for r in records], dtype=np.int64),
+                "failed": np.frombuffer(json.dumps(failed).encode(), dtype=np.uint8)}
+
+    def read(self, i: int) -> Any:
+        try:
+            return self.source[i]
+        except Exception as exc:  # name the sample: the Loader only knows the chunk number
+            raise _named(i, locate(self.source, i), exc) from exc
 
     def encode(self, i: int, sample: Any = None) -> bytes:
+        """The record of sample ``i``; a sample unlike the first raises under any on_error."""
+        sample = self.read(i) if sample is None else sample
         try:
-            return self.encoder(self.source[i] if sample is None else sample)
-        except Exception as exc:  # name the sample: the Loader only knows the chunk number
+            return self.encoder(sample)
+        except Exception as exc:
             raise _named(i, locate(self.source, i), exc) from exc
 
     def close(self) -> None:
@@ -137,15 +204,33 @@ def _split(data: np.ndarray, lengths: np.ndarray) -> list[bytes]:
     return [data[start:end].tobytes() for start, end in zip(ends - lengths, ends)]
 
 
-def _source_chunks(source: Any, encoder: SampleEncoder, workers: int, mode: str) -> Iterator[list[bytes]]:
+def _first_record(source: Any, encoder: SampleEncoder, skip: bool) -> bytes:
+    """The first sample that reads, encoded: it sets ``encoder.specs`` before workers get a copy
+    (under skip, the samples before it are read again, and quarantined, by the chunks)."""
+    probe = _EncodedChunks(source, encoder, 1)
+    for i in range(len(source)):
+        try:
+            sample = probe.read(i)
+        except DataError:
+            if skip:
+                continue
+            raise
+        return probe.encode(i, sample)
+    return b""
+
+
+def _source_chunks(source: Any, encoder: SampleEncoder, workers: int, mode: str,
+                   skipped: _Skipped) -> Iterator[list[bytes]]:
     """The source's records, a chunk at a time, in sample id order."""
     if len(source) == 0:
         return
-    first = _EncodedChunks(source, encoder, 1).encode(0)  # sets encoder.specs before workers get a copy
-    chunks = _EncodedChunks(source, encoder, max(1, min(MAX_CHUNK, CHUNK_BYTES // max(1, len(first)))))
-    with Loader(chunks, 1, workers=workers, mode=mode) as loader:
+    first = _first_record(source, encoder, skipped.skip)
+    chunk = max(1, min(MAX_CHUNK, CHUNK_BYTES // max(1, len(first))))
+    with Loader(_EncodedChunks(source, encoder, chunk, skipped.skip), 1, workers=workers, mode=mode) as loader:
         try:
             for batch in loader:
+                skipped.add(json.loads(batch["failed"][0].tobytes()))
+                skipped.check(len(source))
                 yield _split(batch["data"][0], batch["lengths"][0])
         except SampleError as exc:
             # the DataError we raised names the sample; the SampleError's id is a chunk number
@@ -154,7 +239,9 @@ def _source_chunks(source: Any, encoder: SampleEncoder, workers: int, mode: str)
             raise
 
 
-def _iterable_chunks(iterable: Iterable, encoder: SampleEncoder) -> Iterator[list[bytes]]:
+def _iterable_chunks(iterable: Iterable, encoder: SampleEncoder, skipped: _Skipped) -> Iterator[list[bytes]]:
+    """An iterable's records one at a time. Nothing is skipped here: a generator that raises
+    cannot go on, and a sample unlike the first is not the sample's failure."""
     for i, sample in enumerate(iterable):
         try:
             yield [encoder(sample)]
@@ -210,7 +297,7 @@ def _write_shards(chunks: Iterator[list[bytes]], directory: Path, shard_size: in
     return shards.counts
 
 
-def _finish(directory: Path, counts: list[int], specs: dict[str, FeatureSpec]) -> None:
+def _finish(directory: Path, counts: list[int], specs: dict[str, FeatureSpec], quarantine: list[dict]) -> None:
     """Give shards their final names (their number is known now) and write the manifest, last."""
     names = []
     for number, count in enumerate(counts):
@@ -219,7 +306,7 @@ def _finish(directory: Path, counts: list[int], specs: dict[str, FeatureSpec]) -
             os.rename(directory / (_shard_name(number) + suffix), directory / (final + suffix))
         names.append((final, count))
     with open(directory / MANIFEST_NAME, "w", encoding="utf-8") as f:
-        json.dump(manifest_dict(sum(counts), specs, names), f, indent=2)
+        json.dump(manifest_dict(sum(counts), specs, names, quarantine), f, indent=2)
         f.flush()
         os.fsync(f.fileno())
 

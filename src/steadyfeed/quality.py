@@ -148,9 +148,12 @@ def outliers(values: Mapping[Any, Hashable]) -> Outliers | None:
 
 
 def label_classes(labels: Any) -> list | None:
-    """The class of each row of ``labels``: integer, bool or string scalars as they are, one-hot
-    rows as the index of their 1; None when the labels are not categorical (floats, other shapes)."""
+    """The class of each row of ``labels``: integer, bool or string scalars as they are (also
+    as a column, shape ``(N, 1)``, as Keras often holds them), one-hot rows as the index of
+    their 1; None when the labels are not categorical (floats, other shapes)."""
     a = np.asarray(labels)
+    if a.ndim == 2 and a.shape[1] == 1 and a.dtype.kind in "biuUS":
+        a = a[:, 0]
     if a.ndim == 1 and a.dtype.kind in "biuUS":
         return [_plain(v) for v in a.tolist()]
     if a.ndim == 2 and a.dtype.kind in "biuf" and a.shape[1] > 1:

@@ -111,8 +111,15 @@ class WorkerPool(InlinePool):
         workers, self.workers = list(self.workers.values()), {}
         for worker in workers:  # tell every worker first, so they stop in parallel
             worker.signal_stop()
-        for worker in workers:
-            worker.stop()
+        stopped = 0
+        try:
+            for worker in workers:
+                worker.stop()
+                stopped += 1
+        except KeyboardInterrupt:  # Ctrl-C again while stopping: wait no more, kill (or leave) the rest
+            for worker in workers[stopped:]:
+                worker.abandon()
+            raise
 
     # -- shared bookkeeping ----------------------------------------------------------------
     def _spawn(self) -> None:
@@ -204,9 +211,11 @@ class ProcessPool(_OutboxPool):
         return worker.with_free_slot(task)
 
     def shutdown(self) -> None:
-        super().shutdown()
-        self._sender.stop()
-        self._receiver.stop()
+        try:
+            super().shutdown()
+        finally:
+            self._sender.stop()
+            self._receiver.stop()
 
 
 def make_pool(mode: str, workers: int, ctx: WorkContext, timeout: float | None):

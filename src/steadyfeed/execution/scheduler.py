@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from ..errors import WorkerDied
 from ..sampling.plan import BatchSpec
 from .protocol import Done, Event, Lost, Pool
-from .task import BatchTask, SampleFailure, Stage
+from .task import BatchTask, Disagreement, SampleFailure, Stage
 
 POLL_SECONDS = 0.5
 
@@ -36,6 +36,7 @@ class Outcome:
     arrays: dict | None
     failures: list[SampleFailure]
     timings: dict = field(default_factory=dict)
+    disagreement: Disagreement | None = None  # its samples read fine but cannot be collated
 
 
 @dataclass
@@ -144,7 +145,8 @@ class EpochRun:
             if batch is None or batch.task.task_id != result.task_id:
                 return  # a stale result of a task that was already re-run
             failures = sorted([*result.failures, *batch.lost_failures], key=lambda f: f.position)
-            self.ready[result.batch_index] = Outcome(batch.spec, result.arrays, failures, result.timings)
+            self.ready[result.batch_index] = Outcome(batch.spec, result.arrays, failures, result.timings,
+                                                     result.disagreement)
         else:
             self._handle_lost(event)
 

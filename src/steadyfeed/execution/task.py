@@ -53,6 +53,7 @@ class WorkContext:
     retries: int
     stop_on_failure: bool  # on_error="raise": no point finishing a batch that will raise
     niceness: int = 0  # how much lower than the consumer's the workers' CPU priority is
+    collate: str = "stack"  # ReadOptions.collate: how samples become a batch (batch.py)
 
 
 @dataclass(frozen=True)
@@ -79,12 +80,30 @@ class SampleFailure:
 
 
 @dataclass(frozen=True)
+class Disagreement:
+    """Samples of one batch that each read fine but cannot be collated together: plain data,
+    so it travels back from any worker; the consumer turns it into a ``CollateError``.
+
+    ``ids[0]`` is the first sample of the batch, ``ids[1]`` (when there is one) the first that
+    differs from it; ``found`` says what each has. ``what`` is "keys", "shape", "dtype",
+    "strings" (of different widths), "ndim" or "name" (a key that ``collate="pad"`` would add
+    is already there)."""
+
+    what: str
+    key: str | None
+    ids: tuple[int, ...]
+    found: tuple[str, ...]
+    collate: str
+
+
+@dataclass(frozen=True)
 class BatchResult:
     task_id: int
     batch_index: int
-    arrays: dict[str, np.ndarray] | None  # None: no rows (every sample failed), or not received yet
+    arrays: dict[str, np.ndarray] | None  # None: no rows (every sample failed, or a disagreement), or not received yet
     failures: tuple[SampleFailure, ...]
     timings: Mapping[str, float]
+    disagreement: Disagreement | None = None  # set: the batch cannot be collated (arrays is None)
 
     def received(self, arrays: dict[str, np.ndarray] | None, transport_seconds: float) -> "BatchResult":
         """This result with the arrays a transport delivered and the time that took."""

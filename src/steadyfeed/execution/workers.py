@@ -241,6 +241,8 @@ class ProcessWorker:
         self.abandon()
 
     def _release(self) -> None:
+        if self.conn.closed:  # released already (a stop interrupted by Ctrl-C is abandoned after it)
+            return
         self._sender.forget(self._pipe)
         self.conn.close()
         if self.process.exitcode is not None:

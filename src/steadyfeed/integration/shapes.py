@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import SampleError
+from ..execution.batch import SHAPE_SUFFIX
 
 
 def peek_any(loader: Any, index: int = 0) -> dict:
@@ -34,3 +35,11 @@ def fixed_batch_size(loader: Any) -> int | None:
     if read.last_batch == "pad" or (read.last_batch == "drop" and on_error == "raise"):
         return read.batch_size
     return None
+
+
+def padded_keys(loader: Any, batch: dict) -> set[str]:
+    """The keys whose per-sample dimensions vary from batch to batch: under ``collate="pad"``,
+    those padded to their batch's largest shape (each has a ``"<key>_shape"``)."""
+    if loader.config.read.collate != "pad":
+        return set()
+    return {key for key in batch if key + SHAPE_SUFFIX in batch}

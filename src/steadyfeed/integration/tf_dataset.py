@@ -7,7 +7,8 @@ Guarantees:
   steadyfeed's order, each exactly once; the next iteration is the next epoch;
 * ``element_spec`` is exact: dtypes and per-sample shapes of ``loader.peek(0)``, and a
   fixed batch dimension where every batch is full (``last_batch="pad"``, or ``"drop"``
-  with ``on_error="raise"``), else ``None``;
+  with ``on_error="raise"``), else ``None``; under ``collate="pad"`` the per-sample
+  dimensions of a padded key (one with a ``"<key>_shape"``) are ``None``;
 * the dataset is never re-sharded by ``tf.distribute`` (auto-shard is OFF): steadyfeed
   shards itself, see ``distributed.shard_from_tf_input_context``.
 
@@ -22,7 +23,7 @@ from typing import Any
 import tensorflow as tf
 
 from .layout import BatchLayout
-from .shapes import fixed_batch_size, peek_any
+from .shapes import fixed_batch_size, padded_keys, peek_any
 
 
 def output_signature(loader: Any, layout: BatchLayout | None = None) -> Any:
@@ -30,8 +31,14 @@ def output_signature(loader: Any, layout: BatchLayout | None = None) -> Any:
     sample = peek_any(loader, 0)
     structure = sample if layout is None else layout.to_keras(sample)
     rows = fixed_batch_size(loader)
-    return tf.nest.map_structure(
-        lambda a: tf.TensorSpec((rows,) + a.shape[1:], tf.as_dtype(a.dtype)), structure)
+    # the layout hands on the batch's own arrays, so a padded key is known by its array
+    varying = {id(sample[key]) for key in padded_keys(loader, sample)}
+
+    def spec(a):
+        item = tuple(None for _ in a.shape[1:]) if id(a) in varying else a.shape[1:]
+        return tf.TensorSpec((rows,) + item, tf.as_dtype(a.dtype))
+
+    return tf.nest.map_structure(spec, structure)
 
 
 def to_tf_dataset(loader: Any, x: Any = None, y: Any = None) -> tf.data.Dataset:

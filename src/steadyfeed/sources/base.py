@@ -39,8 +39,10 @@ def as_sample(raw: Any) -> dict[str, np.ndarray]:
     """A sample as the engine and the caches hold it: ``{str key: numpy array}``.
 
     The one place samples are normalised: a value becomes an array (an array stays the very
-    same object), a key becomes a string, and an ``object`` dtype is refused, since its
-    bytes could be neither measured, stored without pickle, nor batched."""
+    same object unless its byte order is not the machine's: a ``>f4`` array becomes a
+    ``float32`` copy, so one big-endian file among native ones batches with them), a key
+    becomes a string, and an ``object`` dtype is refused, since its bytes could be neither
+    measured, stored without pickle, nor batched."""
     if not isinstance(raw, Mapping):
         raise TypeError(f"a sample must be a dict of arrays, got {type(raw).__name__}")
     sample = {}
@@ -48,8 +50,14 @@ def as_sample(raw: Any) -> dict[str, np.ndarray]:
         arr = value if type(value) is np.ndarray else np.asarray(value)
         if arr.dtype.hasobject:
             raise TypeError(f"key {key!r} has dtype object; samples must hold numeric or string arrays")
-        sample[str(key)] = arr
+        sample[str(key)] = arr if arr.dtype.isnative else arr.astype(native(arr.dtype))
     return sample
+
+
+def native(dtype: np.dtype) -> np.dtype:
+    """``dtype`` in the machine's byte order (fields and sub-arrays included): the same values,
+    the same dtype for every sample whatever byte order its file was written in."""
+    return dtype if dtype.isnative else dtype.newbyteorder("=")
 
 
 def check_source(source: Any) -> None:

@@ -25,8 +25,8 @@ Guarantees:
 * the file is checked against the index whenever a process opens it: a changed file is
   a :class:`DataError`, never a silently misaligned row.
 
-Rows must end with LF or CRLF; the encoding must be ASCII-compatible (UTF-8, Latin-1,
-cp1252). A UTF-8 byte-order mark is skipped. The csv module's per-field limit
+Rows must end with LF or CRLF; the encoding must be ASCII-compatible (UTF-8, "utf-8-sig",
+Latin-1, cp1252). A UTF-8 byte-order mark is skipped. The csv module's per-field limit
 (``csv.field_size_limit()``, 131072 characters by default) applies.
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ class _Dialect:
                     len(char) != 1 or not char.isascii() or char in "\r\n")):
                 raise ValueError(f"{name} must be one ASCII character other than CR/LF"
                                  f"{' or None' if optional else ''}, got {char!r}")
-        if "a,b".encode(self.encoding) != b"a,b":  # byte-level newline search needs ASCII-compatible bytes
+        if _without_bom("a,b".encode(self.encoding)) != b"a,b":  # the newline search needs ASCII-compatible bytes
             raise ValueError(f"encoding must be ASCII-compatible (e.g. utf-8, latin-1), got {self.encoding!r}")
         if int(self.max_row_bytes) < 1:
             raise ValueError(f"max_row_bytes must be >= 1, got {self.max_row_bytes!r}")
@@ -90,6 +90,11 @@ class _Dialect:
         text = repr((self.delimiter, self.quotechar, self.escapechar,
                      codecs.lookup(self.encoding).name, self.header, self.max_row_bytes))
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little", signed=True)
+
+
+def _without_bom(data: bytes) -> bytes:
+    """``data`` less a leading UTF-8 byte-order mark (what encoding "utf-8-sig" writes first)."""
+    return data[len(_BOM):] if data.startswith(_BOM) else data
 
 
 # -- indexing ----------------------------------------------------------------------------------
@@ -320,6 +325,7 @@ class CsvSource:
         st = os.stat(self.path)
         names, start, line, self._nfields = _read_header(self.path, self.dialect)
         self._field_origin = "as in the header" if header else "as in the first row"
+        self.columns = names  # the header's column names (None without a header)
         self.keys = _select(self.path, keys, dict(dtypes or {}), names, self._nfields)
         self._stamp = index_cache.file_stamp(st, FORMAT_VERSION, self.dialect.digest(), start)
         self._span = (start, st.st_size)  # where the rows lie
@@ -370,6 +376,16 @@ class CsvSource:
         """Row ``i`` as csv.reader gives it: every field, as text."""
         return self._rows([i])[0][1]
 
+    def records(self, ids) -> list[list[str]]:
+        """``fields`` of each id (consecutive ids are read with one pread): for scanning a file."""
+        return [fields for _, fields in self._rows(ids)]
+
+    def check_fields(self, i: int, fields: list[str]) -> None:
+        """DataError naming the line unless row ``i`` has as many fields as the header (or first row)."""
+        if len(fields) != self._nfields:
+            raise DataError(f"{self.locate(i)}: expected {self._nfields} fields ({self._field_origin}), "
+                            f"found {len(fields)}")
+
     def _rows(self, ids) -> list[tuple[int, list[str]]]:
         """(id, fields) per id; consecutive ids are read with one pread."""
         ids = [int(i) for i in ids]
@@ -407,9 +423,7 @@ class CsvSource:
         return records[0]
 
     def _sample(self, i: int, fields: list[str]) -> dict:
-        if len(fields) != self._nfields:
-            raise DataError(f"{self.locate(i)}: expected {self._nfields} fields ({self._field_origin}), "
-                            f"found {len(fields)}")
+        self.check_fields(i, fields)
         return {key: self._value(i, fields, sel) for key, sel in self.keys.items()}
 
     def _value(self, i: int, fields: list[str], sel: _Key) -> np.ndarray:

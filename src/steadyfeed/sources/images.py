@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -18,7 +20,7 @@ from .base import file_fingerprint
 
 try:
     import simplejpeg
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("ImageFolder needs Pillow and simplejpeg: pip install 'steadyfeed[images]'") from exc
 
@@ -37,76 +39,45 @@ _SIMPLEJPEG_SOURCES = frozenset({"Gray", "YCbCr", "RGB"})  # header colorspaces 
 _WIDE_GRAY = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N"})
 
 
-class ImageFolder:
-    """A classification dataset laid out as ``root/<class name>/.../<image file>``.
+class ImageReader:
+    """Decodes image files as ImageFolder's samples are (see its docstring for the pixels, the
+    size and the refusals): ``load(path)`` the pixels, ``header(path)`` what the header says.
+    Also what ``steadyfeed inspect`` reads images with, so it refuses what a loader refuses."""
 
-    Sample ``i`` is ``{"x": uint8 array (h, w, channels), "y": int64 label}``.
-
-    Guarantees:
-
-    * **Labels**: the class sub-folders of ``root``, sorted by name, are labels 0, 1, ...
-      (``classes``, ``class_to_label``). Images are found recursively under each class
-      folder (by extension, case-insensitive), sorted by path: the same tree always gives
-      the same ids. ``files[i]`` and ``labels[i]`` describe sample ``i``. Names starting
-      with ``.`` are ignored (``.git``, macOS ``._x.jpg`` companions). Symlinked files and
-      folders are followed; a folder reached twice within a class (a link loop, say) is
-      listed once.
-    * **Pixels**: ``channels`` 1, 3 or 4 (gray, RGB, RGBA), 8 bits each. Alpha is
-      *dropped* for 1 or 3 channels (the stored colour is kept, as Keras ``load_img`` and
-      torchvision do), kept for 4 (opaque images get alpha 255). 16-bit images are scaled
-      to 8 bits (high byte), never clipped to white. Palette, CMYK and bilevel images are
-      converted by Pillow. Multi-frame files (GIF, TIFF) give their first frame. EXIF
-      orientation and ICC profiles are not applied: pixels are as stored.
-    * **Size**: with ``size=(h, w)`` every image is resized to exactly that (aspect ratio
-      not kept). JPEGs that are at least twice as large are first DCT-scaled down while
-      decoding (much cheaper), then resized exactly. Without ``size`` images keep their
-      own size, and a batch mixing sizes fails with the loader's shape-mismatch error.
-    * **Untrusted files**: a file over ``max_bytes`` is refused without reading more than
-      that; an image whose header claims more than ``max_pixels`` pixels is refused before
-      any pixel memory is allocated (Pillow's own ``Image.MAX_IMAGE_PIXELS`` check also
-      applies to the files Pillow decodes). A corrupt, truncated or unreadable file raises
-      :class:`DataError` naming it from ``__getitem__`` (the loader's ``SampleError``,
-      or a quarantine entry under ``on_error="skip"``); truncated JPEGs are never padded.
-    * Pickles as paths and settings (no open files) and is safe to call from many threads.
-
-    Construction raises ``FileNotFoundError`` for a missing root and :class:`DataError`
-    for a root without class folders or a class folder without images.
-    """
-
-    def __init__(self, root, size=None, channels=3, *, extensions=IMAGE_EXTENSIONS,
-                 max_pixels=MAX_PIXELS, max_bytes=MAX_BYTES):
+    def __init__(self, size=None, channels=3, *, max_pixels=MAX_PIXELS, max_bytes=MAX_BYTES):
         if channels not in _PIL_MODES:
             raise ValueError(f"channels must be 1, 3 or 4, got {channels!r}")
-        self.root = os.path.abspath(os.fspath(root))
         self.size = _check_size(size)
         self.channels = channels
         self.max_pixels, self.max_bytes = int(max_pixels), int(max_bytes)
-        self.extensions = frozenset("." + e.lower().lstrip(".") for e in extensions)
-        self.classes = _class_names(self.root)
-        self.class_to_label = {name: label for label, name in enumerate(self.classes)}
-        per_class = [_image_files(os.path.join(self.root, name), self.extensions) for name in self.classes]
-        self.files = [path for found in per_class for path in found]
-        self.labels = np.repeat(np.arange(len(per_class), dtype=np.int64), [len(f) for f in per_class])
 
-    def __len__(self) -> int:
-        return len(self.files)
+    def header(self, path) -> ImageHeader:
+        """What the header of one image file says, refused as ``load`` would refuse it for what
+        the header shows (empty, over ``max_bytes``, not an image, over ``max_pixels``); the
+        pixels are not decoded (``load`` also finds truncated or corrupt pixel data)."""
+        data = self._bytes(path)
+        try:
+            with self._open(data, path) as image:
+                self._check_pixels(path, *image.size)
+                return ImageHeader(image.format or "", image.mode, image.height, image.width, len(image.getbands()))
+        except DataError:
+            raise
+        except Exception as exc:  # untrusted bytes make decoders raise anything; name the file
+            raise DataError(f"{path}: not a decodable image ({type(exc).__name__}: {exc})") from exc
 
-    def __getitem__(self, i: int) -> dict:
-        if not 0 <= i < len(self.files):
-            raise IndexError(f"sample id {i} out of range for ImageFolder of length {len(self.files)}")
-        return {"x": self.load(self.files[i]), "y": self.labels[i]}
+    def output_shape(self, header: ImageHeader) -> tuple[int, int, int]:
+        """The shape ``load`` gives an image with this header: ``size`` (or its own), ``channels``."""
+        return (*(self.size or (header.height, header.width)), self.channels)
 
-    def locate(self, i: int) -> str:
-        return self.files[i]
-
-    def fingerprint(self) -> str:
-        """Changes when a file is added, removed, renamed or modified, or the output settings change."""
-        settings = f"ImageFolder size={self.size} channels={self.channels}\n".encode()
-        return hashlib.sha256(settings + file_fingerprint(self.files).encode()).hexdigest()
+    def _bytes(self, path) -> bytes:
+        data = _read(path, self.max_bytes)
+        if not data:
+            raise DataError(f"{path}: empty file (0 bytes); expected an image file")
+        return data
 
     def load(self, path) -> np.ndarray:
         """One image file decoded as this folder's samples are (any path, not only ours)."""
-        data = _read(path, self.max_bytes)
+        data = self._bytes(path)
         try:
             image = self._jpeg(data, path) if data[:2] == b"\xff\xd8" else None
             if image is None:
@@ -132,9 +103,18 @@ class ImageFolder:
                                       min_factor=2)
 
     def _pillow(self, data: bytes, path) -> Image.Image:
-        image = Image.open(io.BytesIO(data))  # reads the header only
+        image = self._open(data, path)
         self._check_pixels(path, *image.size)
         return _convert(image, _PIL_MODES[self.channels])
+
+    @staticmethod
+    def _open(data: bytes, path) -> Image.Image:
+        """Pillow's image of ``data``, its header read (not its pixels)."""
+        try:
+            return Image.open(io.BytesIO(data))
+        except UnidentifiedImageError:  # Pillow's message names only our in-memory buffer
+            raise DataError(f"{path}: not a decodable image (UnidentifiedImageError: no image format Pillow "
+                            f"reads starts with {data[:8]!r})") from None
 
     def _check_pixels(self, path, width: int, height: int) -> None:
         if width * height > self.max_pixels:
@@ -150,6 +130,78 @@ class ImageFolder:
         if self.size is not None and image.size != self.size[::-1]:
             image = image.resize(self.size[::-1], RESAMPLE)
         return np.array(image).reshape(image.height, image.width, self.channels)  # a writable copy
+
+
+
+class ImageFolder(ImageReader):
+    """A classification dataset laid out as ``root/<class name>/.../<image file>``.
+
+    Sample ``i`` is ``{"x": uint8 array (h, w, channels), "y": int64 label}``.
+
+    Guarantees:
+
+    * **Labels**: the class sub-folders of ``root``, sorted by name, are labels 0, 1, ...
+      (``classes``, ``class_to_label``). Images are found recursively under each class
+      folder (by extension, case-insensitive), sorted by path: the same tree always gives
+      the same ids. ``files[i]`` and ``labels[i]`` describe sample ``i``. Names starting
+      with ``.`` are ignored (``.git``, macOS ``._x.jpg`` companions). Symlinked files and
+      folders are followed; a folder reached twice within a class (a link loop, say) is
+      listed once.
+    * **Pixels**: ``channels`` 1, 3 or 4 (gray, RGB, RGBA), 8 bits each. Alpha is
+      *dropped* for 1 or 3 channels (the stored colour is kept, as Keras ``load_img`` and
+      torchvision do), kept for 4 (opaque images get alpha 255). 16-bit images are scaled
+      to 8 bits (high byte), never clipped to white. Palette, CMYK and bilevel images are
+      converted by Pillow. Multi-frame files (GIF, TIFF) give their first frame. EXIF
+      orientation and ICC profiles are not applied: pixels are as stored.
+    * **Size**: with ``size=(h, w)`` every image is resized to exactly that (aspect ratio
+      not kept). JPEGs that are at least twice as large are first DCT-scaled down while
+      decoding (much cheaper), then resized exactly. Without ``size`` images keep their
+      own size: a batch mixing sizes raises the loader's ``CollateError`` (naming both
+      files; no image is skipped for it), or is padded under ``Loader(collate="pad")``.
+    * **What is an image**: files whose extension is in ``extensions``; other files in the
+      class folders (``notes.txt``) are left out (``scan_tree`` lists them, and
+      ``steadyfeed inspect`` shows them as ignored). An empty file is refused by name.
+    * **Untrusted files**: a file over ``max_bytes`` is refused without reading more than
+      that; an image whose header claims more than ``max_pixels`` pixels is refused before
+      any pixel memory is allocated (Pillow's own ``Image.MAX_IMAGE_PIXELS`` check also
+      applies to the files Pillow decodes). A corrupt, truncated or unreadable file raises
+      :class:`DataError` naming it from ``__getitem__`` (the loader's ``SampleError``,
+      or a quarantine entry under ``on_error="skip"``); truncated JPEGs are never padded.
+    * Pickles as paths and settings (no open files) and is safe to call from many threads.
+
+    Construction raises ``FileNotFoundError`` for a missing root and :class:`DataError`
+    for a root without class folders or a class folder without images.
+    """
+
+    def __init__(self, root, size=None, channels=3, *, extensions=IMAGE_EXTENSIONS,
+                 max_pixels=MAX_PIXELS, max_bytes=MAX_BYTES):
+        super().__init__(size, channels, max_pixels=max_pixels, max_bytes=max_bytes)
+        self.root = os.path.abspath(os.fspath(root))
+        self.extensions = frozenset("." + e.lower().lstrip(".") for e in extensions)
+        tree = scan_tree(self.root, self.extensions)
+        if tree.empty:
+            raise next(iter(tree.empty.values()))
+        self.classes = tree.classes
+        self.class_to_label = {name: label for label, name in enumerate(self.classes)}
+        per_class = [tree.images[name] for name in self.classes]
+        self.files = [path for found in per_class for path in found]
+        self.labels = np.repeat(np.arange(len(per_class), dtype=np.int64), [len(f) for f in per_class])
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> dict:
+        if not 0 <= i < len(self.files):
+            raise IndexError(f"sample id {i} out of range for ImageFolder of length {len(self.files)}")
+        return {"x": self.load(self.files[i]), "y": self.labels[i]}
+
+    def locate(self, i: int) -> str:
+        return self.files[i]
+
+    def fingerprint(self) -> str:
+        """Changes when a file is added, removed, renamed or modified, or the output settings change."""
+        settings = f"ImageFolder size={self.size} channels={self.channels}\n".encode()
+        return hashlib.sha256(settings + file_fingerprint(self.files).encode()).hexdigest()
 
     def __repr__(self) -> str:
         return (f"ImageFolder({self.root!r}, {len(self.files)} images, {len(self.classes)} classes, "
@@ -168,6 +220,49 @@ def _check_size(size) -> tuple[int, int] | None:
     return h, w
 
 
+class ImageHeader(NamedTuple):
+    """What an image file's header says (``ImageFolder.header``): Pillow's format and mode, size, bands."""
+
+    format: str
+    mode: str
+    height: int
+    width: int
+    bands: int
+
+
+@dataclass
+class ImageTree:
+    """A tree as ImageFolder sees it (``scan_tree``): the class folders, the image files of each
+    (sorted), the class folders that hold none (with the error ImageFolder raises for them) and
+    the files it leaves out, with why."""
+
+    classes: list[str]
+    images: dict[str, list[str]]
+    empty: dict[str, DataError]
+    ignored: list[tuple[str, str]]
+
+
+def scan_tree(root, extensions=IMAGE_EXTENSIONS) -> ImageTree:
+    """``root/<class>/**/<image>`` listed by ImageFolder's rules (its class docstring): the one
+    place they live, so ``steadyfeed inspect`` lists exactly what a loader would read."""
+    root = os.path.abspath(os.fspath(root))
+    extensions = frozenset("." + e.lower().lstrip(".") for e in extensions)
+    classes = _class_names(root)
+    tree = ImageTree(classes, {}, {}, [])
+    with os.scandir(root) as entries:
+        tree.ignored += [(e.path, "not in a class folder") for e in entries
+                         if not e.name.startswith(".") and not e.is_dir()]
+    shown = ", ".join(sorted(extensions))
+    for name in classes:
+        images, others = _class_files(os.path.join(root, name), extensions)
+        tree.images[name] = images
+        tree.ignored += [(path, f"not an image file (ImageFolder reads {shown})") for path in others]
+        if not images:
+            tree.empty[name] = DataError(f"class folder {os.path.join(root, name)} holds no image files; expected "
+                                         f"files ending in {shown}")
+    return tree
+
+
 def _class_names(root: str) -> list[str]:
     expected = "expected root/<class name>/<image files>"
     if not os.path.exists(root):
@@ -181,9 +276,10 @@ def _class_names(root: str) -> list[str]:
     return names
 
 
-def _image_files(class_dir: str, extensions: frozenset) -> list[str]:
-    """Image files under ``class_dir``, recursively and sorted; each real folder is listed once."""
-    found, seen = [], set()
+def _class_files(class_dir: str, extensions: frozenset) -> tuple[list[str], list[str]]:
+    """Image files and other files under ``class_dir``, recursively and sorted; each real
+    folder is listed once; names starting with "." are neither."""
+    images, others, seen = [], [], set()
     for dirpath, dirnames, filenames in os.walk(class_dir, onerror=_unlistable, followlinks=True):
         real = os.path.realpath(dirpath)
         if real in seen:  # a link loop or a second link to the same folder
@@ -191,12 +287,10 @@ def _image_files(class_dir: str, extensions: frozenset) -> list[str]:
             continue
         seen.add(real)
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        found += [os.path.join(dirpath, f) for f in filenames
-                  if not f.startswith(".") and os.path.splitext(f)[1].lower() in extensions]
-    if not found:
-        raise DataError(f"class folder {class_dir} holds no image files; expected files ending in "
-                        f"{', '.join(sorted(extensions))}")
-    return sorted(found)
+        for f in filenames:
+            if not f.startswith("."):
+                (images if os.path.splitext(f)[1].lower() in extensions else others).append(os.path.join(dirpath, f))
+    return sorted(images), sorted(others)
 
 
 def _unlistable(err: OSError) -> None:

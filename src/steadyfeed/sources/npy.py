@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import DataError
-from .base import LazyHandles, MappedFile, file_fingerprint, pread_fully
+from .base import LazyHandles, MappedFile, file_fingerprint, native, pread_fully
 from .raw_rows import GAP_BYTES, RawRows, read_rows
 
 _FIRST_READ = 256  # np.save pads headers to 64 bytes: 128 for ordinary dtypes and shapes
@@ -150,10 +150,16 @@ def _read_rows_checked(paths: list[str], out: np.ndarray, first: _Layout, start:
 
 def _read_row_checked(fd: int, path: str, out: np.ndarray, row: int, first: _Layout) -> None:
     layout = npy_layout(fd, path)
-    if (layout.shape, layout.dtype, layout.order) != (first.shape, first.dtype, first.order):
+    if (layout.shape, native(layout.dtype), layout.order) != (first.shape, native(first.dtype), first.order):
         raise ValueError(f"{path}: {layout.dtype} {layout.shape} differs from {first.dtype} {first.shape}")
-    if layout.nbytes:
+    if not layout.nbytes:
+        return
+    if layout.dtype == first.dtype:
         _read_into(fd, out[row:row + 1], layout.offset, path)
+    else:  # the same values in the other byte order (one big-endian file among native ones)
+        other = np.empty((1, *layout.shape), layout.dtype)
+        _read_into(fd, other, layout.offset, path)
+        out[row:row + 1] = other
 
 
 def read_npy(path: str) -> np.ndarray:

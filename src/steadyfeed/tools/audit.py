@@ -460,9 +460,14 @@ def _checked(runs: dict[str, list[EpochRecord]], name: str) -> CheckResult:
 
 
 def _epoch_drift(records: list[EpochRecord], threshold: float) -> CheckResult:
-    records = [r for r in records if r.error is None]
-    if len(records) < 2 or not records[0].labels or not all(r.categorical for r in records):
-        return CheckResult("label_drift_epochs", SKIP, "needs 2+ completed epochs and categorical labels")
+    done = [r for r in records if r.error is None]
+    why = (f"needs 2+ completed epochs, {len(done)} completed" if len(done) < 2 else
+           "the labels are not categorical (integer, bool or string classes, or one-hot rows)"
+           if not all(r.categorical for r in done) else
+           "no label key was delivered" if not done[0].labels else None)
+    if why is not None:
+        return CheckResult("label_drift_epochs", SKIP, why)
+    records = done
     distances = {r.epoch: quality.total_variation(records[0].labels, r.labels) for r in records[1:]}
     worst = max(distances, key=distances.get)
     status = FAIL if distances[worst] > threshold else PASS

@@ -19,6 +19,8 @@ from .spec import (
 )
 
 HELP = "check exactly-once delivery, pairing, reproducibility and split leaks of a loader"
+EXIT_CODES = ("exit codes: 0 every check passed; 1 a check failed (the report says which); 2 a usage error "
+              "(bad flags, a SPEC that does not load, data a source refuses when built)")
 
 
 def add_arguments(parser) -> None:

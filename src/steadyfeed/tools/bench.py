@@ -20,7 +20,12 @@ What is guaranteed:
   ``warmup=0`` measures everything. The latency of the first batch, start-up included,
   is reported on its own (``first_batch_seconds``);
 * the figures come from ``loader.stats()``, the loader's own measurements, plus psutil
-  for CPU time and peak resident memory of this process and its worker processes.
+  for CPU time and peak resident memory of this process and its worker processes;
+* with ``repeat`` runs per setting (taken in turns: every setting once, then again, so a
+  passing load on the machine falls on all of them), a setting's samples/s is the median
+  run's and its spread the range of its runs; a setting is recommended only when it beats
+  every other in every run by more than ``NEAR_FASTEST`` (its slowest run faster than their
+  fastest), otherwise the report says which settings tie and names the cheapest of them.
 
 Stage times: ``read``, ``transform`` and ``collate`` are summed over workers (their share
 is of total worker time); ``transport`` (copying a batch out of shared memory, in the
@@ -42,11 +47,11 @@ import psutil
 from ..stats import STAGES, stats_delta
 from .spec import _one_line as one_line  # the commands' one-line form of an error
 
-FORMAT = "steadyfeed.bench/1"
+FORMAT = "steadyfeed.bench/2"
 CONSUMER_SIDE = ("transport", "wait", "step")  # in the consumer's process: shares are of wall time
 WORKER_SIDE = tuple(s for s in STAGES if s not in CONSUMER_SIDE)  # summed over workers
 READ_INCLUDES_DECODE = "decode" not in STAGES  # no source times its decoding apart from its reading
-NEAR_FASTEST = 0.05  # a cheaper setting within 5% of the fastest is recommended instead
+NEAR_FASTEST = 0.05  # beating another setting takes more than this margin over its fastest run
 PRODUCER_BOUND_WAIT = 0.5  # the consumer waits at least half the time: the loader limits training
 CONSUMER_BOUND_WAIT = 0.1  # the consumer almost never waits: its own step limits training
 GIL_MIN_SPEEDUP = 1.3  # more thread workers that gain less than this ...
@@ -171,15 +176,41 @@ class Measurement:
     timeline: list = field(default_factory=list)  # (seconds since the setting started, batches ready)
     cpu_seconds: float = 0.0
     peak_rss_bytes: int = 0
+    skipped: int = 0  # samples quarantined in the window (on_error="skip")
     diagnosis: Diagnosis | None = None
+    runs: list = field(default_factory=list)  # samples/s of every run of the setting (its figures: the median's)
 
     @property
     def ok(self) -> bool:
         return self.error is None
 
     @property
-    def samples_per_second(self) -> float:
+    def window_samples_per_second(self) -> float:
+        """This run's throughput."""
         return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def samples_per_second(self) -> float:
+        """The median run's throughput (this run's, when it ran once)."""
+        return float(sorted(self.runs)[len(self.runs) // 2]) if self.runs else self.window_samples_per_second
+
+    @property
+    def slowest(self) -> float:
+        return min(self.runs) if self.runs else self.samples_per_second
+
+    @property
+    def fastest(self) -> float:
+        return max(self.runs) if self.runs else self.samples_per_second
+
+    @property
+    def spread(self) -> float:
+        """The range of the runs as a share of the median (0 for one run)."""
+        median = self.samples_per_second
+        return (self.fastest - self.slowest) / median if median > 0 else 0.0
+
+    def beats(self, other: "Measurement") -> bool:
+        """Faster in every run than ``other`` in any, by more than NEAR_FASTEST."""
+        return self.slowest > (1 + NEAR_FASTEST) * other.fastest
 
     @property
     def cpu_cores(self) -> float | None:
@@ -208,6 +239,9 @@ class Measurement:
             "samples": self.samples,
             "seconds": self.seconds,
             "samples_per_second": self.samples_per_second,
+            "runs": list(self.runs) or [self.samples_per_second],
+            "spread": self.spread,
+            "skipped": self.skipped,
             "first_batch_seconds": self.first_batch_seconds,
             "stages": {
                 stage: {"seconds": seconds, "share": self.share(stage),
@@ -249,12 +283,14 @@ def _window(m: Measurement, start: _Mark, end: _Mark, step_seconds: float) -> No
     m.seconds = end.time - start.time
     m.cpu_seconds = end.cpu - start.cpu
     m.batches, m.inline_batches, m.samples = delta["batches"], delta["inline_batches"], delta["samples"]
+    m.skipped = delta["skipped"]
     m.stage_seconds.update({stage: delta["stage_seconds"].get(stage, 0.0) for stage in STAGES},
                            wait=delta["wait_seconds"], step=step_seconds)
-    m.timeline = [tuple(point) for point in after["queue_fill_timeline"]]
-    last_warmup = before["queue_fill_timeline"][-1][0] if before["queue_fill_timeline"] else float("-inf")
+    # the window's points, in seconds since it opened: every setting's timeline starts at 0
+    opened = before["queue_fill_timeline"][-1][0] if before["queue_fill_timeline"] else 0.0
+    m.timeline = [(t - opened, ready) for t, ready in after["queue_fill_timeline"] if t > opened]
     m.fill_mean = delta["queue_fill_mean"]
-    m.fill_max = max((ready for t, ready in m.timeline if t > last_warmup), default=0)
+    m.fill_max = max((ready for _, ready in m.timeline), default=0)
 
 
 def measure(loader, setting: Setting, *, epochs: int = 1, max_batches: int | None = None, warmup: int = 2,
@@ -382,25 +418,40 @@ def _process_advice(threads: Measurement, ok: Iterable[Measurement]) -> str:
 
 @dataclass
 class Recommendation:
+    """``verdict`` "recommended": ``setting`` beats every other; "tie": ``tied`` (cheapest first)
+    are not told apart by their runs, and ``setting`` is the cheapest of them."""
+
     setting: Setting
     samples_per_second: float
     reason: str
+    verdict: str = "recommended"
+    tied: list = field(default_factory=list)
+
+
+def _runs_text(m: Measurement) -> str:
+    return (f"{m.samples_per_second:,.0f} samples/s" if len(m.runs) < 2 else
+            f"{m.samples_per_second:,.0f} samples/s, runs {m.slowest:,.0f}-{m.fastest:,.0f}")
 
 
 def recommend(measurements: list[Measurement]) -> Recommendation | None:
-    """The fastest setting that worked, unless a cheaper one is within 5% of it."""
+    """The fastest setting that worked, when it beats every other (``Measurement.beats``: in
+    every run, by more than NEAR_FASTEST); else a tie of it and those it does not beat,
+    with the cheapest of them named."""
     ok = [m for m in measurements if m.ok]
     if not ok:
         return None
     fastest = max(ok, key=lambda m: m.samples_per_second)
-    close = [m for m in ok if m.samples_per_second >= (1 - NEAR_FASTEST) * fastest.samples_per_second]
-    chosen = min(close, key=lambda m: m.setting.cost)
-    if chosen is fastest:
-        reason = f"fastest ({fastest.samples_per_second:,.0f} samples/s)"
-    else:
-        reason = (f"within {NEAR_FASTEST:.0%} of the fastest ({fastest.setting.label}, "
-                  f"{fastest.samples_per_second:,.0f} samples/s) and cheaper")
-    return Recommendation(chosen.setting, chosen.samples_per_second, reason)
+    tied = sorted((m for m in ok if m is fastest or not fastest.beats(m)), key=lambda m: m.setting.cost)
+    if len(tied) == 1:
+        others = "" if len(ok) == 1 else (f", faster in every run than any other setting by more than "
+                                          f"{NEAR_FASTEST:.0%}")
+        return Recommendation(fastest.setting, fastest.samples_per_second,
+                              f"fastest ({_runs_text(fastest)}){others}")
+    cheapest = tied[0]
+    listed = "; ".join(f"{m.setting.label}: {_runs_text(m)}" for m in tied)
+    reason = (f"{len(tied)} settings tie: the fastest does not beat them by more than the spread of their runs "
+              f"(and {NEAR_FASTEST:.0%}) ({listed}); any of them will do, the cheapest is {cheapest.setting.label}")
+    return Recommendation(cheapest.setting, cheapest.samples_per_second, reason, "tie", [m.setting for m in tied])
 
 
 # -- the whole grid -------------------------------------------------------------------------
@@ -426,24 +477,47 @@ class Report:
             "bottleneck": None if neck is None else {"kind": neck.kind, "setting": neck.setting.label,
                                                      "reason": neck.reason},
             "recommendation": None if rec is None else {
-                "label": rec.setting.label, "workers": rec.setting.workers, "mode": rec.setting.mode,
-                "samples_per_second": rec.samples_per_second, "reason": rec.reason},
+                "verdict": rec.verdict, "label": rec.setting.label, "workers": rec.setting.workers,
+                "mode": rec.setting.mode, "samples_per_second": rec.samples_per_second,
+                "tied": [s.label for s in rec.tied], "reason": rec.reason},
         }
 
 
 def bench(loader, settings: list[Setting], *, epochs: int = 1, max_batches: int | None = None, warmup: int = 2,
-          consumer_ms: float = 0.0, on_batch: Callable[[Setting], None] | None = None) -> Report:
-    """Measure every setting in turn (see ``measure``), then diagnose and recommend."""
-    measurements = []
-    for setting in settings:
-        m = measure(loader, setting, epochs=epochs, max_batches=max_batches, warmup=warmup,
-                    consumer_ms=consumer_ms, on_batch=on_batch)
+          consumer_ms: float = 0.0, repeat: int = 1, on_batch: Callable[[Setting], None] | None = None,
+          on_run: Callable[[Setting, int], None] | None = None) -> Report:
+    """Measure every setting ``repeat`` times, in turns (see ``measure``; ``on_run(setting,
+    round)`` is called before each run), then diagnose and recommend."""
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    runs: dict[Setting, list[Measurement]] = {setting: [] for setting in settings}
+    for round_ in range(repeat):
+        for setting in settings:
+            if runs[setting] and not runs[setting][-1].ok:
+                continue  # a setting that failed once is reported with that error
+            if on_run is not None:
+                on_run(setting, round_)
+            runs[setting].append(measure(loader, setting, epochs=epochs, max_batches=max_batches, warmup=warmup,
+                                         consumer_ms=consumer_ms, on_batch=on_batch))
+    measurements = [_combined(found) for found in runs.values()]
+    for m in measurements:
         m.diagnosis = diagnose(m) if m.ok else None
-        measurements.append(m)
     recommendation = recommend(measurements)
     bottleneck = gil_limited(measurements)
     if bottleneck is None and recommendation is not None:
         bottleneck = next(m.diagnosis for m in measurements if m.setting == recommendation.setting)
-    options = {"source": repr(loader.source), "batch_size": loader.config.read.batch_size, "epochs": epochs, "max_batches": max_batches,
-               "warmup_batches": warmup, "consumer_ms": consumer_ms}
+    options = {"source": repr(loader.source), "batch_size": loader.config.read.batch_size, "epochs": epochs,
+               "max_batches": max_batches, "warmup_batches": warmup, "consumer_ms": consumer_ms, "repeat": repeat}
     return Report(measurements, recommendation, bottleneck, options)
+
+
+def _combined(runs: list[Measurement]) -> Measurement:
+    """One setting's runs as one Measurement: a failed run's, or the median run's figures with
+    every run's samples/s (and the highest memory peak)."""
+    failed = next((m for m in runs if not m.ok), None)
+    if failed is not None:
+        return failed
+    speeds = [m.window_samples_per_second for m in runs]
+    median = sorted(runs, key=lambda m: m.window_samples_per_second)[len(runs) // 2]
+    median.runs, median.peak_rss_bytes = speeds, max(m.peak_rss_bytes for m in runs)
+    return median

@@ -9,9 +9,13 @@ SPEC, the data shortcuts (--npy-pairs, --hdf5, --images, --csv, --tfrecord, ...)
 loader options (--batch-size, --shuffle, --seed, --prefetch, ...) are those of every
 steadyfeed command (``steadyfeed.tools.spec``); the grid's --workers and --modes replace
 the loader's own workers and mode. ``--consumer-ms`` sleeps after each batch to stand in for a
-training step, so a consumer-bound run shows a full queue.
+training step, so a consumer-bound run shows a full queue. Each setting runs ``--repeat`` times
+(default 3, in turns); a setting is recommended only when it beats the others by more than the
+spread of their runs, else the report says which settings tie. With bad samples in the data,
+``--on-error skip --max-error-fraction F`` measures the settings as training would run them
+(the samples skipped are counted per setting).
 
-Prints a table (``--json``: the report as JSON, stable keys, format ``steadyfeed.bench/1``);
+Prints a table (``--json``: the report as JSON, stable keys, format ``steadyfeed.bench/2``);
 progress goes to stderr. Exit code 0 when every setting ran, 1 when one failed (its error is
 in the report; the other settings still run), 2 on a usage error (bad flags or SPEC).
 """
@@ -25,8 +29,11 @@ from ..config import MODES
 from . import bench as benchmark
 from ..progress import progress_bar
 from .spec import SpecError, add_spec_arguments, loader_from_args, usage_error
+from .tables import table
 
 HELP = "measure a loader over workers x mode: throughput, latency, stages, queue, CPU, memory; name the bottleneck"
+EXIT_CODES = ("exit codes: 0 every setting ran; 1 a setting failed (its error is in the report; the others "
+              "still run); 2 a usage error (bad flags, a SPEC that does not load)")
 BYTES_PER_MB = 1 << 20
 
 
@@ -78,6 +85,9 @@ def add_arguments(parser) -> None:
                           "worker start-up included, is reported on its own")
     run.add_argument("--consumer-ms", type=_at_least(0, float), default=0.0, metavar="MS",
                      help="sleep MS after each batch, standing in for a training step (default 0)")
+    run.add_argument("--repeat", type=_at_least(1), default=3, metavar="N",
+                     help="runs per setting, taken in turns (default %(default)s): the report shows their median "
+                          "and spread, and recommends a setting only when it beats the others by more than that")
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the report as JSON (stable keys)")
     out.add_argument("--plot", metavar="PNG", help="draw throughput per setting and queue fill over time to PNG")
@@ -102,43 +112,49 @@ def run(args) -> int:
 
 
 def _run_grid(loader, settings, args) -> benchmark.Report:
-    per_setting = args.epochs * len(loader)  # at most; a setting may stop earlier (see bench._drive)
+    per_run = args.epochs * len(loader)  # at most; a run may stop earlier (see bench._drive)
     if args.max_batches:
-        per_setting = min(per_setting, args.warmup + benchmark.WARMUP_WHILE_DECIDING + args.max_batches)
-    shown, done = None, 0
-    with progress_bar(per_setting * len(settings), "bench", unit=" batches", enabled=args.progress) as bar:
+        per_run = min(per_run, args.warmup + benchmark.WARMUP_WHILE_DECIDING + args.max_batches)
+    done = 0
+    with progress_bar(per_run * len(settings) * args.repeat, "bench", unit=" batches", enabled=args.progress) as bar:
+        def on_run(setting: benchmark.Setting, round_: int) -> None:
+            nonlocal done  # redrawn once per run: a fast one may never reach tqdm's own refresh
+            bar.set_description(f"bench {setting.label}" + (f" (run {round_ + 1})" if args.repeat > 1 else ""))
+            start = (round_ * len(settings) + settings.index(setting)) * per_run  # past what earlier runs left
+            bar.update(max(0, start - done))
+            done = max(done, start)
+
         def on_batch(setting: benchmark.Setting) -> None:
-            nonlocal shown, done
-            if shown != setting:  # redrawn once per setting: a fast one may never reach tqdm's own refresh
-                shown = setting
-                bar.set_description(f"bench {setting.label}")
-                start = settings.index(setting) * per_setting  # past what the last setting did not use
-                bar.update(max(0, start - done))
-                done = max(done, start)
+            nonlocal done
             bar.update()
             done += 1
 
         return benchmark.bench(loader, settings, epochs=args.epochs, max_batches=args.max_batches or None,
-                               warmup=args.warmup, consumer_ms=args.consumer_ms, on_batch=on_batch)
+                               warmup=args.warmup, consumer_ms=args.consumer_ms, repeat=args.repeat,
+                               on_batch=on_batch, on_run=on_run)
 
 
 # -- the human report -------------------------------------------------------------------------
-def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    """Columns padded to their widest cell: the first left-aligned, the rest right-aligned."""
-    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows)]
-    return ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-            for row in [headers, *rows]]
+SUMMARY = ["setting", "samples/s", "runs (spread)", "first batch s", "queue mean / max / prefetch", "made inline",
+           "skipped", "CPU cores", "peak RSS MB", "bottleneck"]
+
+
+def _runs(s: dict) -> str:
+    runs = s["runs"]
+    return "1 run" if len(runs) < 2 else f"{min(runs):,.0f}-{max(runs):,.0f} (±{s['spread'] / 2:.0%})"
 
 
 def _summary_row(s: dict) -> list[str]:
     if not s["ok"]:
-        return [s["label"], "FAILED"] + [""] * 6
+        return [s["label"], "FAILED"] + [""] * (len(SUMMARY) - 2)
     queue = s["queue"]
     first = s["first_batch_seconds"]
     inline = s["inline_batches"] / s["batches"] if s["batches"] else 0.0
-    return [s["label"], f"{s['samples_per_second']:,.0f}", "" if first is None else f"{first:.3f}",
-            f"{queue['fill_mean']:.1f} / {queue['fill_max']} / {queue['prefetch']}", f"{inline:.0%}",
-            "-" if s["cpu_cores"] is None else f"{s['cpu_cores']:.2f}", f"{s['peak_rss_bytes'] / BYTES_PER_MB:,.0f}", s["bottleneck"]["kind"]]
+    queued = f"{queue['fill_mean']:.1f} / {queue['fill_max']} / {queue['prefetch']}" if s["workers"] else "- (inline)"
+    return [s["label"], f"{s['samples_per_second']:,.0f}", _runs(s), "" if first is None else f"{first:.3f}",
+            queued, f"{inline:.0%}", f"{s['skipped']:,}",
+            "-" if s["cpu_cores"] is None else f"{s['cpu_cores']:.2f}", f"{s['peak_rss_bytes'] / BYTES_PER_MB:,.0f}",
+            s["bottleneck"]["kind"]]
 
 
 def _stage_row(s: dict) -> list[str]:
@@ -152,16 +168,16 @@ def format_report(report: dict) -> str:
     settings = report["settings"]
     bound = f"{report['max_batches']} batches" if report["max_batches"] else "whole epochs"
     lines = [f"steadyfeed bench: {report['source']}",
-             f"batch size {report['batch_size']}, {report['epochs']} epoch(s), {bound} per setting after "
+             f"batch size {report['batch_size']}, {report['epochs']} epoch(s), {report['repeat']} run(s) per "
+             f"setting, {bound} per run after "
              f"{report['warmup_batches']} warm-up batch(es) (and any while the loader decided who makes batches: "
              f"warmup_batches in --json), consumer step {report['consumer_ms']:g} ms", ""]
-    lines += _table(["setting", "samples/s", "first batch s", "queue mean / max / prefetch", "made inline",
-                     "CPU cores", "peak RSS MB", "bottleneck"], [_summary_row(s) for s in settings])
+    lines += table(SUMMARY, [_summary_row(s) for s in settings])
     stages = settings[0]["stages"]
     side = {where: ", ".join(k for k, v in stages.items() if v["side"] == where) for where in ("workers", "consumer")}
     lines += ["", f"time per stage, seconds and share ({side['workers']}: of worker time, summed over workers; "
                   f"{side['consumer']}: of wall time, in the consumer)"]
-    lines += _table(["setting", *stages], [_stage_row(s) for s in settings])
+    lines += table(["setting", *stages], [_stage_row(s) for s in settings])
     if report["read_includes_decode"]:
         lines.append("read includes decoding (no source times it separately)")
     if any(s["ok"] and s["workers"] and s["inline_batches"] for s in settings):
@@ -172,6 +188,8 @@ def format_report(report: dict) -> str:
     neck, rec = report["bottleneck"], report["recommendation"]
     if neck:
         lines.append(f"bottleneck ({neck['setting']}): {neck['reason']}")
-    if rec:
+    if rec and rec["verdict"] == "tie":
+        lines.append(f"tie ({', '.join(rec['tied'])}): {rec['reason']}")
+    elif rec:
         lines.append(f"recommended: workers={rec['workers']}, mode={rec['mode']!r}: {rec['reason']}")
     return "\n".join(lines)

@@ -1,7 +1,9 @@
 """The ``steadyfeed`` command line.
 
-Each command is a module in ``steadyfeed.tools`` with a one-line ``HELP``,
-``add_arguments(parser)`` and ``run(args) -> int`` (the exit code). Commands are
+Each command is a module in ``steadyfeed.tools`` with a one-line ``HELP``, ``EXIT_CODES``
+(what its exit codes mean, shown by ``--help``), ``add_arguments(parser)`` and
+``run(args) -> int`` (the exit code: 0 all good, 1 a failed check, 2 a usage error, for
+every command). Commands are
 imported only when chosen, so ``steadyfeed --help`` stays fast.
 """
 from __future__ import annotations
@@ -42,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         _parser().parse_args(argv)  # prints usage / help, exits
         return 2
     module = importlib.import_module(f"steadyfeed.tools.{COMMANDS[argv[0]]}")
-    parser = argparse.ArgumentParser(prog=f"steadyfeed {argv[0]}", description=module.HELP)
+    parser = argparse.ArgumentParser(prog=f"steadyfeed {argv[0]}", description=module.HELP,
+                                     epilog=module.EXIT_CODES)
     module.add_arguments(parser)
     return int(module.run(parser.parse_args(argv[1:])) or 0)
 

@@ -23,6 +23,7 @@ import numpy as np
 from steadyfeed import ArraySource, Loader
 
 HELP = "Generate a dataset, train a Keras model through steadyfeed, audit it and measure it."
+EXIT_CODES = "exit codes: 0 every promise held; 1 a check failed; 2 a usage error"
 SHAPE = (16, 16, 3)
 CLASSES = 4
 BATCH = 256

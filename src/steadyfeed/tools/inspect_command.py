@@ -2,22 +2,30 @@
 See ``tools/inspection.py`` for what is reported.
 
     steadyfeed inspect data/images --workers 4          # a directory (or one file)
+    steadyfeed inspect data/images --image-size 224 224 # what ImageFolder(size=...) would read
     steadyfeed inspect train.py:make_source --checks all # any loader or source, read as stored
     steadyfeed inspect --hdf5 d.h5 --key x=/images --key y=/labels --json
+    steadyfeed inspect --tfrecord 'train-*'             # TFRecord files: their features, and how to read them
 
-Exit code 0 when everything was readable (and passed ``--checks``), 1 otherwise, 2 for a
-bad argument.
+It reads with the sources' own readers and judges with the loader's own rules, so it never
+passes what a loader would refuse (with the ``--collate``, ``--image-size`` and
+``--channels`` given); each finding says why.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 
 from .. import quality
-from .inspection import inspect_files, inspect_loader
+from ..errors import DataError
+from .inspection import InspectReport, inspect_files, inspect_loader
 from .spec import SpecError, add_spec_arguments, describe, loader_from_args, usage_error
 
-HELP = "explore data before training: counts, sizes, shapes, image modes, labels, unreadable files"
+HELP = "explore data before training: counts, sizes, shapes, image modes, labels, what a loader would refuse"
+EXIT_CODES = ("exit codes: 0 everything a loader reads is readable and would be accepted (and passed "
+              "--checks); 1 something is unreadable, would be refused, or failed a check (listed with why); "
+              "2 a usage error (bad flags, a SPEC that does not load, no such file)")
 
 
 def add_arguments(parser) -> None:
@@ -35,20 +43,54 @@ def add_arguments(parser) -> None:
     options.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 
+def _files_report(args, checks) -> InspectReport:
+    """DATA as files, or the files of ``--tfrecord GLOB`` when no --feature says how to read them."""
+    settings = dict(decode=args.decode, checks=checks, workers=args.workers or 0, progress=args.progress,
+                    collate=args.collate or "stack", size=args.image_size, channels=args.channels)
+    if args.spec is not None:
+        return inspect_files(args.spec, **settings)
+    files = sorted(glob.glob(os.path.expanduser(args.tfrecord)))
+    report = inspect_files(os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0]) or ".",
+                           files=files, **settings)
+    report.target = describe(args)
+    return report
+
+
+def _wants_files(args) -> bool:
+    if args.spec is not None:
+        return os.path.exists(args.spec)
+    pattern = os.path.expanduser(args.tfrecord or "")
+    return bool(args.tfrecord and not args.feature and not os.path.isdir(pattern) and glob.glob(pattern))
+
+
+def _refused_at_construction(args, exc: SpecError) -> InspectReport | None:
+    """A shortcut's source refusing the data when built (an empty class folder, unpaired files)
+    is a finding, not a usage error."""
+    if not isinstance(exc.__cause__, DataError):
+        return None
+    report = InspectReport(describe(args), "samples", 0, collate=args.collate or "stack")
+    report.refused.append({"item": describe(args), "reason": str(exc.__cause__)})
+    return report
+
+
 def run(args) -> int:
+    report = None
     try:
         checks = quality.check_names(args.checks)
-        is_path = args.spec is not None and os.path.exists(args.spec)
-        if args.spec is not None and not is_path and ":" not in args.spec:
+        if args.spec is not None and not os.path.exists(args.spec) and ":" not in args.spec:
             raise SpecError(f"{args.spec}: no such file or directory (DATA is a directory, a file, "
                             "or FILE.py:NAME / MODULE:NAME)")
-        loader = None if is_path else loader_from_args(args)
-    except (SpecError, ValueError) as exc:
+        loader = None if _wants_files(args) else loader_from_args(args)
+    except SpecError as exc:
+        report = _refused_at_construction(args, exc)
+        if report is None:
+            return usage_error("inspect", exc)
+        loader = None
+    except ValueError as exc:
         return usage_error("inspect", exc)
-    if loader is None:
-        report = inspect_files(args.spec, decode=args.decode, checks=checks, workers=args.workers or 0,
-                               progress=args.progress)
-    else:
+    if report is None and loader is None:
+        report = _files_report(args, checks)
+    elif report is None:
         with loader:
             report = inspect_loader(loader, label_keys=args.label_keys or ("y",), checks=checks,
                                     target=describe(args), progress=args.progress)

@@ -1,24 +1,36 @@
 """What data holds, before training: ``inspect_files`` for a directory or file, ``inspect_loader``
 for any loader or source. ``steadyfeed inspect`` is their command line. Nothing is modified.
 
+It reads with the sources' own readers (``inspect_formats.py``), so it never passes what a
+loader would refuse, and lists why. Each finding is one of:
+
+* ``unreadable``: a file (or a record, a sample) that fails to read, with its error;
+* ``refused``: data that reads but that a loader refuses: an empty class folder (ImageFolder
+  refuses the tree), images of another size than the others under ``collate="stack"``
+  (without ``size``), variable-length HDF5 strings under ``"stack"``, a CSV row of the wrong
+  length or a non-number in a numeric column, a TFRecord feature missing from some records;
+* ``ignored``: files no source reads (``notes.txt`` in an image tree, ``*.sfidx.npy`` index
+  caches): listed, not counted as data;
+* ``problems``: failed quality ``checks``.
+
 Files (a directory is walked recursively, in sorted order; names starting with ``.`` are
-skipped, as ImageFolder does):
+skipped). A directory whose sub-folders hold images is an **image tree**, read as
+``ImageFolder`` reads it (its classes, the images of each, what it ignores); anything else
+is read file by file, by format:
 
-* file sizes: min / median / max and a histogram with power-of-two buckets;
-* formats: images by Pillow (``JPEG``, ``PNG``, ...), ``.npy`` and HDF5 files by their
-  headers, anything else by its extension;
-* shapes and dtypes: ``HxWxC`` for images (from the header), the array shape and dtype for
-  ``.npy``, every dataset of an HDF5 file; image modes (``RGB``, ``L``, ``RGBA``, ``CMYK``,
-  ``I;16``, ...); and outliers, the files whose shape or mode differs from the most common;
-* labels: files per class folder (the first folder below the root) when there are folders;
-* unreadable files, each with its error. Images are judged by their header unless
-  ``decode`` (or a quality check, which needs the pixels) asks for a full decode, which
-  also finds truncated files.
+* images: format, mode and size from the header (``decode``: the pixels, as ImageFolder
+  decodes them, which also finds truncated files), sizes and modes histograms, outliers;
+* ``.npy``: shape and dtype from the checked header; HDF5: a table of datasets (shape, dtype,
+  variable-length string lengths); CSV: rows and a table of columns (type, missing values);
+  TFRecord: records and a table of features (kind, values, bytes, the ``--feature`` flags
+  that read them);
+* file sizes (min / median / max, power-of-two histogram) and labels (images per class).
 
-A loader (or source) is read as stored: every sample once, one id per read, no
-transform (``audit.scan_source``). Sizes are sample bytes, shapes and dtypes are per key,
-labels are the histogram of the first label key that is categorical, and unreadable
-samples are those that fail to read, with their location and error.
+A loader (or source) is read as stored: every sample once, one id per read, no transform
+(``audit.scan_source``). Sizes are sample bytes, shapes and dtypes are per key, labels are
+the histogram of the first label key that is categorical, unreadable samples are those that
+fail to read, and samples whose shape or dtype a batch could not hold with the others (under
+the loader's ``collate``) are refused.
 """
 from __future__ import annotations
 
@@ -32,57 +44,78 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .. import quality
+from ..errors import DataError
+from ..execution.batch import layout_conflict
 from ..loader import Loader
-from .audit import scan_source
 from ..progress import progress_bar
+from ..sources.base import locate
 from ..units import human_bytes
+from .audit import scan_source
+from .inspect_formats import (
+    HDF5_EXTENSIONS, FileInfo, looks_like_tfrecord, probe_csv, probe_hdf5, probe_image, probe_npy, probe_tfrecord,
+    refusal, shape_text,
+)
+from .tables import table
 
-FORMAT = "steadyfeed.inspect/1"
+FORMAT = "steadyfeed.inspect/2"
 LISTED = 1000  # items kept per list in as_dict (counts are always complete)
 SHOWN = 10  # items shown per list in text
-HDF5_EXTENSIONS = (".h5", ".hdf5", ".he5")
+INDEX_CACHE = ".sfidx.npy"
+
+__all__ = ["InspectReport", "inspect_files", "inspect_loader", "list_files", "probe", "shape_text", "size_summary"]
 
 
 @dataclass
 class InspectReport:
-    """Counts are complete; ``unreadable`` and ``problems`` list every item found."""
+    """Counts are complete; ``unreadable``, ``refused``, ``ignored`` and ``problems`` list every item found."""
 
     target: str
-    kind: str  # "files" or "samples"
+    kind: str  # "files", "image tree" or "samples"
     count: int
     sizes: list[int] = field(default_factory=list)  # bytes per file or per sample
     formats: Counter = field(default_factory=Counter)
     shapes: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))  # key -> "shape dtype" counts
     modes: Counter = field(default_factory=Counter)
+    image_sizes: Counter = field(default_factory=Counter)  # "HxW" counts
     labels: Counter | None = None
     label_source: str = ""
     outliers: dict[str, quality.Outliers] = field(default_factory=dict)  # what differs -> outliers
     unreadable: list[dict] = field(default_factory=list)  # {"item", "error"}
+    refused: list[dict] = field(default_factory=list)  # {"item", "reason"}
+    ignored: list[dict] = field(default_factory=list)  # {"item", "reason"}
     problems: list[quality.Problem] = field(default_factory=list)
+    tables: dict[str, dict] = field(default_factory=dict)  # file -> its format's table (csv, hdf5, tfrecord)
+    notes: list[str] = field(default_factory=list)
+    collate: str = "stack"
 
     @property
     def passed(self) -> bool:
-        """Everything was readable and passed the quality checks asked for."""
-        return not self.unreadable and not self.problems
+        """Everything is readable, nothing would be refused, the quality checks asked for passed."""
+        return not self.unreadable and not self.refused and not self.problems
 
     def as_dict(self) -> dict:
         return {
             "format": FORMAT, "passed": self.passed, "target": self.target, "kind": self.kind, "count": self.count,
-            "sizes": size_summary(self.sizes), "formats": _counts(self.formats),
+            "collate": self.collate, "sizes": size_summary(self.sizes), "formats": _counts(self.formats),
             "shapes": {key: _counts(c) for key, c in self.shapes.items()}, "modes": _counts(self.modes),
+            "image_sizes": _counts(self.image_sizes),
             "labels": None if self.labels is None else {"source": self.label_source, "counts": _counts(self.labels)},
             "outliers": {what: o.as_dict(LISTED) for what, o in self.outliers.items()},
             "unreadable": self.unreadable[:LISTED], "unreadable_count": len(self.unreadable),
-            "problems": [p.as_dict() for p in self.problems[:LISTED]],
-            "problem_count": len(self.problems),
+            "refused": self.refused[:LISTED], "refused_count": len(self.refused),
+            "ignored": self.ignored[:LISTED], "ignored_count": len(self.ignored),
+            "problems": [p.as_dict() for p in self.problems[:LISTED]], "problem_count": len(self.problems),
+            "tables": self.tables, "notes": self.notes,
         }
 
     def text(self) -> str:
-        lines = [f"steadyfeed inspect {self.target}: {self.count} {self.kind}"]
+        unit = "sample" if self.kind == "samples" else "file"
+        lines = [f"steadyfeed inspect {self.target}: {self.count} {unit}{'' if self.count == 1 else 's'}"
+                 + (" (an image tree, read as ImageFolder reads it)" if self.kind == "image tree" else "")]
         if self.sizes:
             lines += _size_lines(size_summary(self.sizes))
-        for title, counts in [("formats", self.formats), ("modes", self.modes),
-                              *((f"shapes {key}", c) for key, c in self.shapes.items())]:
+        for title, counts in [("formats", self.formats), ("modes", self.modes), ("image sizes", self.image_sizes),
+                              *((f"shapes {key}", c) for key, c in self.shapes.items() if self.kind == "samples")]:
             if counts:
                 lines.append(f"  {title:14}{_listing(counts)}")
         if self.labels is not None:
@@ -91,14 +124,20 @@ class InspectReport:
             if o.items:
                 lines.append(f"  {'outliers':14}{len(o.items)} differ in {what} from the most common "
                              f"({o.common}, {o.common_count}): {_shown(o.items)}")
-        lines += self._failures()
-        lines.append("PASSED: everything readable" if self.passed else
-                     f"FAILED: {len(self.unreadable)} unreadable, {len(self.problems)} quality problem(s)")
+        lines += _table_lines(self.tables)
+        lines += [f"  {'note':14}{note}" for note in self.notes]
+        lines += self._findings()
+        lines.append(f"PASSED: everything readable, nothing a loader (collate={self.collate!r}) would refuse"
+                     if self.passed else
+                     f"FAILED: {len(self.unreadable)} unreadable, {len(self.refused)} refused by a loader, "
+                     f"{len(self.problems)} quality problem(s)")
         return "\n".join(lines)
 
-    def _failures(self) -> list[str]:
+    def _findings(self) -> list[str]:
         lines = []
-        for title, items in [("unreadable", [f"{u['item']}: {u['error']}" for u in self.unreadable]),
+        for title, items in [("ignored", [f"{i['item']}: {i['reason']}" for i in self.ignored]),
+                             ("unreadable", [f"{u['item']}: {u['error']}" for u in self.unreadable]),
+                             ("refused", [f"{r['item']}: {r['reason']}" for r in self.refused]),
                              ("quality", [str(p) for p in self.problems])]:
             if items:
                 lines.append(f"  {title:14}{len(items)}:")
@@ -131,6 +170,28 @@ def _size_lines(summary: dict) -> list[str]:
     return lines
 
 
+_TABLES = {  # format -> (the list in its table, the columns shown)
+    "csv": ("columns", ["name", "type", "missing", "note"]),
+    "hdf5": ("datasets", ["dataset", "shape", "dtype", "note"]),
+    "tfrecord": ("features", ["feature", "kind", "values", "bytes", "records", "note"]),
+}
+
+
+def _table_lines(tables: dict[str, dict]) -> list[str]:
+    lines = []
+    for name, summary in list(tables.items())[:SHOWN]:
+        what, columns = _TABLES[summary["format"]]
+        counts = ", ".join(f"{summary[k]} {k}" for k in ("rows", "records") if k in summary)
+        lines.append(f"  {summary['format']:14}{name}{f': {counts}' if counts else ''}")
+        lines += table(columns, [[str(row[c]) for c in columns] for row in summary[what]], indent=" " * 16,
+                       numbers_right=True)
+        if summary.get("read_with"):
+            lines.append(f"  {'':14}read it with: --tfrecord {name} {summary['read_with']}")
+    if len(tables) > SHOWN:
+        lines.append(f"  {'':14}... and {len(tables) - SHOWN} more files (see --json)")
+    return lines
+
+
 def _counts(counter: Counter) -> dict:
     return {str(k): v for k, v in counter.most_common()}
 
@@ -145,24 +206,7 @@ def _shown(items: list) -> str:
     return ", ".join(map(str, items[:SHOWN])) + (f", ... ({len(items)} in all)" if len(items) > SHOWN else "")
 
 
-def shape_text(shape: Sequence[int], dtype: Any = None) -> str:
-    text = "x".join(map(str, shape)) if len(shape) else "scalar"
-    return f"{text} {np.dtype(dtype)}" if dtype is not None else text
-
-
 # -- files ------------------------------------------------------------------------------------------
-@dataclass
-class FileInfo:
-    """What one file is: its format, the shapes it holds (key -> text), its image mode, or its error."""
-
-    size: int
-    format: str
-    shapes: dict[str, str] = field(default_factory=dict)
-    mode: str | None = None
-    error: str | None = None
-    problems: list[quality.Problem] = field(default_factory=list)
-
-
 def list_files(path: str | os.PathLike) -> list[str]:
     """``path`` itself when a file, else every file below it (sorted, names starting with "." skipped)."""
     path = os.fspath(path)
@@ -177,97 +221,139 @@ def list_files(path: str | os.PathLike) -> list[str]:
     return sorted(found)
 
 
-def probe(path: str, *, decode: bool = False, checks: Sequence[str] = ()) -> FileInfo:
-    """What ``path`` holds; never raises for a bad file (its error is in ``FileInfo.error``)."""
-    ext = os.path.splitext(path)[1].lower()
+def _image_reader(size=None, channels: int = 3):
     try:
-        info = FileInfo(os.path.getsize(path), ext.lstrip(".") or "(no extension)")
-        if ext in _image_extensions():
-            _probe_image(path, info, decode or bool(checks), checks)
+        from ..sources.images import ImageReader
+    except ImportError:  # no Pillow: images are files like any other
+        return None
+    return ImageReader(size, channels)
+
+
+def _ignored_reason(path: str) -> str | None:
+    """Why no source reads ``path`` as data, or None when one may."""
+    if path.endswith(INDEX_CACHE):
+        return "a steadyfeed index cache (rebuilt when stale), not data"
+    if os.path.basename(path) == "manifest.json":
+        return "the manifest of a pack output (TFRecordSource(DIR) reads it with the shards)"
+    return None
+
+
+def probe(path: str, name: str | None = None, *, reader: Any = None, decode: bool = False,
+          checks: Sequence[str] = (), collate: str = "stack") -> FileInfo | None:
+    """What ``path`` holds (None: a format no source reads); never raises for a bad file
+    (its error is in ``FileInfo.error``)."""
+    name = name or os.path.basename(path)
+    ext = os.path.splitext(path)[1].lower()
+    reader = reader if reader is not None else _image_reader()
+    info = FileInfo(os.path.getsize(path), ext.lstrip(".") or "(no extension)")
+    try:
+        if reader is not None and ext in _image_extensions():
+            probe_image(reader, path, info, decode or bool(checks), checks)
         elif ext == ".npy":
-            _probe_npy(path, info, decode or bool(checks), checks)
+            probe_npy(path, info, decode or bool(checks), checks)
         elif ext in HDF5_EXTENSIONS:
-            _probe_hdf5(path, info)
+            probe_hdf5(path, name, info, collate)
+        elif ext == ".csv":
+            probe_csv(path, name, info)
+        elif looks_like_tfrecord(path):
+            probe_tfrecord(path, name, info)
+        else:
+            return None
+    except DataError as exc:  # the source's own message: it names the file and what was expected
+        info.error = str(exc)
     except Exception as exc:  # untrusted files make readers raise anything; report it, go on
-        size = os.path.getsize(path) if os.path.isfile(path) else 0
-        return FileInfo(size, ext.lstrip(".") or "(no extension)", error=f"{type(exc).__name__}: {exc}")
+        info.error = f"{type(exc).__name__}: {exc}"
     return info
 
 
 def _image_extensions() -> frozenset:
     try:
         from ..sources.images import IMAGE_EXTENSIONS
-    except ImportError:  # no Pillow: images are files like any other
+    except ImportError:
         return frozenset()
     return IMAGE_EXTENSIONS
 
 
-def _probe_image(path: str, info: FileInfo, decode: bool, checks: Sequence[str]) -> None:
-    from PIL import Image
-
-    with Image.open(path) as image:  # reads the header only
-        info.format, info.mode = image.format or info.format, image.mode
-        info.shapes["image"] = shape_text((image.height, image.width, len(image.getbands())))
-        if decode:
-            image.load()  # raises for truncated or corrupt pixel data
-            info.problems = quality.sample_problems(path, {"image": np.asarray(image)}, checks)
-
-
-def _probe_npy(path: str, info: FileInfo, decode: bool, checks: Sequence[str]) -> None:
-    from ..sources import npy
-
-    fd = os.open(path, os.O_RDONLY)
+def _image_tree(root: str):
+    """ImageFolder's view of ``root`` when it is a directory whose sub-folders hold images, else None."""
+    if not os.path.isdir(root):
+        return None
     try:
-        layout = npy.npy_layout(fd, path)  # the header, checked against the file size; no data read
-    finally:
-        os.close(fd)
-    info.format, info.shapes["npy"] = "npy", shape_text(layout.shape, layout.dtype)
-    if decode:
-        info.problems = quality.sample_problems(path, {"npy": npy.read_npy(path)}, checks)
-
-
-def _probe_hdf5(path: str, info: FileInfo) -> None:
-    try:
-        import h5py
-    except ImportError:  # no h5py: an HDF5 file is a file like any other
-        return
-
-    with h5py.File(path, "r") as f:
-        info.format = "hdf5"
-        f.visititems(lambda name, obj: info.shapes.__setitem__(f"/{name}", shape_text(obj.shape, obj.dtype))
-                     if isinstance(obj, h5py.Dataset) else None)
+        from ..sources.images import scan_tree
+        tree = scan_tree(root)
+    except Exception:  # no Pillow, no class folders, an unlistable folder: not an image tree
+        return None
+    return tree if any(tree.images.values()) else None
 
 
 def inspect_files(path: str | os.PathLike, *, decode: bool = False, checks: Sequence[str] = (), workers: int = 0,
-                  progress: bool = False) -> InspectReport:
-    """Inspect a directory (recursively) or one file; ``workers`` threads read files at once."""
+                  progress: bool = False, collate: str = "stack", size=None, channels: int = 3,
+                  files: Sequence[str] | None = None) -> InspectReport:
+    """Inspect a directory (recursively), one file, or ``files`` (shown relative to ``path``);
+    ``workers`` threads read files at once; ``collate``, ``size`` and ``channels`` are the
+    loader's and ImageFolder's settings that what is refused depends on."""
     root = os.fspath(path)
-    files = list_files(root)
     checks = quality.check_names(checks)
-    report = InspectReport(root, "files", len(files))
+    tree = _image_tree(root) if files is None else None
+    report = InspectReport(root, "image tree" if tree else "files", 0, collate=collate)
+    if tree is not None:
+        listed = [f for name in tree.classes for f in tree.images[name]]
+        report.ignored += [{"item": _rel(p, root), "reason": why} for p, why in tree.ignored]
+        report.refused += [{"item": _rel(os.path.join(root, name), root) + os.sep, "reason": str(error)}
+                           for name, error in tree.empty.items()]
+        report.labels = Counter({name: len(tree.images[name]) for name in tree.classes})
+        report.label_source = "images per class folder"
+    else:
+        listed = list(files) if files is not None else list_files(root)
+    reader = _image_reader(size, channels)
+    infos = _probe_all(root, listed, reader, decode, checks, collate, workers, progress)
+    for name, info in infos.items():
+        _add_file(report, name, info)
+    _file_outliers(report, infos)
+    if tree is not None:
+        _refuse_mixed_images(report, infos, collate)
+    return report
+
+
+def _rel(path: str, root: str) -> str:
+    return os.path.relpath(path, root) if path != root else os.path.basename(path)
+
+
+def _probe_all(root, listed, reader, decode, checks, collate, workers, progress) -> dict[str, FileInfo | str]:
+    """``{name: FileInfo}`` for each file a source may read, ``{name: why}`` for the others, in order."""
+    names = [_rel(f, root) for f in listed]
+
+    def one(job: tuple[str, str]) -> FileInfo | str:
+        path, name = job
+        why = _ignored_reason(path)
+        found = None if why else probe(path, name, reader=reader, decode=decode, checks=checks, collate=collate)
+        return found if found is not None else why or f"no steadyfeed source reads {_kind(path)} files"
+
     # threads, because file reads and image decoders release the GIL
     pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="inspect") if workers > 0 else None
-    infos = {}
     try:
-        with progress_bar(len(files), f"inspect {os.path.basename(root.rstrip(os.sep)) or root}", unit=" files",
+        with progress_bar(len(listed), f"inspect {os.path.basename(root.rstrip(os.sep)) or root}", unit=" files",
                           enabled=progress) as bar:
-            probed = (pool.map if pool else map)(lambda f: probe(f, decode=decode, checks=checks), files)
-            for name, info in zip(files, probed):
-                infos[os.path.relpath(name, root) if name != root else os.path.basename(name)] = info
+            infos = {}
+            for name, info in zip(names, (pool.map if pool else map)(one, zip(listed, names))):
+                infos[name] = info
                 bar.update(1)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-    for name, info in infos.items():
-        _add_file(report, name, info)
-    _file_outliers(report, infos)
-    classes = [name.split(os.sep)[0] for name in infos if os.sep in name]
-    if classes:
-        report.labels, report.label_source = Counter(classes), "files per class folder"
-    return report
+    return infos
 
 
-def _add_file(report: InspectReport, name: str, info: FileInfo) -> None:
+def _kind(path: str) -> str:
+    ext = os.path.splitext(path)[1].lower()
+    return f"{ext}" if ext else "extensionless"
+
+
+def _add_file(report: InspectReport, name: str, info: FileInfo | str) -> None:
+    if isinstance(info, str):
+        report.ignored.append({"item": name, "reason": info})
+        return
+    report.count += 1
     report.sizes.append(info.size)
     if info.error:
         report.unreadable.append({"item": name, "error": info.error})
@@ -277,16 +363,42 @@ def _add_file(report: InspectReport, name: str, info: FileInfo) -> None:
         report.shapes[key][shape] += 1
     if info.mode is not None:
         report.modes[info.mode] += 1
+    if info.image is not None:
+        report.image_sizes[shape_text(info.image)] += 1
+    report.unreadable += [{"item": item, "error": error} for item, error in info.unreadable]
+    report.refused += [{"item": item, "reason": why} for item, why in info.refused]
+    report.notes += [f"{name}: {note}" for note in info.notes]
     report.problems += [dataclasses.replace(p, sample_id=name) for p in info.problems]
+    if info.table is not None:
+        report.tables[name] = {"format": info.format, **info.table}
 
 
-def _file_outliers(report: InspectReport, infos: dict[str, FileInfo]) -> None:
+def _file_outliers(report: InspectReport, infos: dict[str, FileInfo | str]) -> None:
+    read = {name: info for name, info in infos.items() if isinstance(info, FileInfo) and not info.error}
     for what, value in [("image mode", lambda i: i.mode), ("image shape", lambda i: i.shapes.get("image")),
                         ("npy shape", lambda i: i.shapes.get("npy"))]:
-        values = {name: v for name, info in infos.items() if (v := value(info)) is not None}
+        values = {name: v for name, info in read.items() if (v := value(info)) is not None}
         found = quality.outliers(values)
         if found is not None:
             report.outliers[what] = found
+
+
+def _refuse_mixed_images(report: InspectReport, infos: dict[str, FileInfo | str], collate: str) -> None:
+    """The images whose sample (after ImageFolder's resize and conversion) a batch could not hold
+    with the most common one: the loader's own rule (``layout_conflict``)."""
+    outputs = {name: info.output for name, info in infos.items()
+               if isinstance(info, FileInfo) and info.output is not None and not info.error}
+    found = quality.outliers(outputs)
+    if found is None:
+        return
+    common = found.common
+    for name in found.items:
+        shape, dtype = outputs[name]
+        what = layout_conflict(common, outputs[name], collate)
+        if what is not None:
+            report.refused.append({"item": name, "reason": refusal(
+                what, f"{shape_text(shape[:2])} image where {found.common_count} are {shape_text(common[0][:2])}",
+                collate)})
 
 
 # -- a loader ----------------------------------------------------------------------------------------
@@ -294,22 +406,44 @@ def inspect_loader(loader: Loader, *, label_keys: Iterable[str] = ("y",), checks
                    target: str = "", progress: bool = False) -> InspectReport:
     """Inspect the samples of ``loader``'s source as stored (see the module docstring)."""
     label_keys, checks = tuple(label_keys), quality.check_names(checks)
-    report = InspectReport(target or repr(loader.source), "samples", len(loader.source))
-    shapes: dict[str, dict[int, str]] = defaultdict(dict)
+    collate = loader.config.read.collate
+    report = InspectReport(target or repr(loader.source), "samples", len(loader.source), collate=collate)
+    layouts: dict[str, dict[int, tuple]] = defaultdict(dict)
 
     def visit(i: int, sample: dict) -> None:
         report.sizes.append(sum(int(a.nbytes) for a in sample.values()))
         for key, a in sample.items():
-            shapes[key][i] = shape_text(a.shape, a.dtype)
-            report.shapes[key][shapes[key][i]] += 1
+            layouts[key][i] = (a.shape, a.dtype)
+            report.shapes[key][shape_text(a.shape, a.dtype)] += 1
 
+    execution = loader.config.execution
     with progress_bar(len(loader.source), "inspect", unit=" samples", enabled=progress) as bar:
-        scan = scan_source(loader, label_keys, checks, setting=(loader.config.execution.workers, loader.config.execution.mode), bar=bar, visit=visit)
+        scan = scan_source(loader, label_keys, checks, setting=(execution.workers, execution.mode), bar=bar,
+                           visit=visit)
     report.problems = scan.problems
     report.unreadable = [{"item": e["location"] or f"sample {e['sample_id']}", "sample_id": e["sample_id"],
                           "error": f"{e['error_type']}: {e['message']}"} for e in scan.failed]
-    report.outliers = {f"shape of {key!r}": o for key, values in shapes.items() if (o := quality.outliers(values))}
+    report.outliers = {f"shape of {key!r}": o for key, values in layouts.items()
+                       if (o := quality.outliers({i: shape_text(*v) for i, v in values.items()}))}
+    report.refused = _refused_samples(loader, layouts, collate)
     key = next((k for k in label_keys if scan.classes(k) is not None), None)
     if key is not None:
         report.labels, report.label_source = scan.classes(key), f"key {key!r}"
     return report
+
+
+def _refused_samples(loader: Loader, layouts: dict[str, dict[int, tuple]], collate: str) -> list[dict]:
+    """Samples a batch could not hold with the most common layout of a key, under ``collate``."""
+    refused = []
+    for key, values in layouts.items():
+        found = quality.outliers(values)
+        if found is None:
+            continue
+        for i in found.items:
+            what = layout_conflict(found.common, values[i], collate)
+            if what is not None:
+                where = locate(loader.source, i)
+                refused.append({"item": where or f"sample {i}", "sample_id": i, "reason": refusal(
+                    what, f"key {key!r}: sample {i} has {shape_text(*values[i])} where {found.common_count} have "
+                          f"{shape_text(*found.common)}", collate, key)})
+    return sorted(refused, key=lambda r: r["sample_id"])

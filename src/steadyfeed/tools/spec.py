@@ -134,7 +134,11 @@ def add_spec_arguments(parser: argparse.ArgumentParser, *, metavar: str = "SPEC"
     shortcuts.add_argument("--hdf5", metavar="FILE", help="Hdf5Source(FILE, ...) with --key NAME=/dataset")
     shortcuts.add_argument("--images", metavar="DIR", help="ImageFolder(DIR): DIR/<class>/<image files>")
     shortcuts.add_argument("--csv", metavar="FILE", help="CsvSource(FILE, x=--x, y=--y)")
-    shortcuts.add_argument("--tfrecord", metavar="GLOB", help="TFRecordSource(GLOB), e.g. a pack output directory")
+    shortcuts.add_argument("--tfrecord", metavar="GLOB", help="TFRecordSource(GLOB): a pack output directory, or "
+                                                                 "TFRecord files with --feature")
+    shortcuts.add_argument("--feature", action="append", default=[], metavar="KEY=DTYPE[:SHAPE]",
+                           help="--tfrecord: a feature to read, e.g. x=float32:28,28, y=int64, name=bytes, text=str, "
+                                "tokens=int64:? ('?': a dimension of any length; repeatable)")
     shortcuts.add_argument("--key", action="append", default=[], metavar="NAME=WHERE",
                            help="a named array: a dataset path for --hdf5, a file for --npy (repeatable)")
     shortcuts.add_argument("--x", metavar="COLS", help="--csv: comma-separated input columns (names or 0-based)")
@@ -162,21 +166,26 @@ def _flag(dest: str) -> str:
 # -- building ----------------------------------------------------------------------------------
 def loader_from_args(args: argparse.Namespace) -> Loader:
     """The Loader the parsed arguments describe: SPEC or one shortcut, then the loader flags."""
+    return as_loader(data_from_args(args), loader_options(args), what=describe(args))
+
+
+def data_from_args(args: argparse.Namespace) -> Any:
+    """What SPEC or the one shortcut given names, as it is: a Loader, a source, or (from a
+    SPEC) any other object, such as the iterable ``pack`` takes."""
     given = [name for name in _SHORTCUTS if getattr(args, name, None) is not None]
     if bool(args.spec) + len(given) != 1:
         got = [args.spec] * bool(args.spec) + [_flag(name) for name in given]
         raise SpecError(f"give exactly one of SPEC, {', '.join(map(_flag, _SHORTCUTS))}"
                         + (f" (got {', '.join(got)})" if got else ""))
     if args.spec:
-        return loader_from_spec(args.spec, args)
+        return resolve(args.spec)
     name = given[0]
     try:
-        source = _SHORTCUTS[name](getattr(args, name), args)
+        return _SHORTCUTS[name](getattr(args, name), args)
     except SpecError:
         raise
     except Exception as exc:  # missing files, refused data, a missing optional package
         raise SpecError(f"{_flag(name)}: {_one_line(exc)}") from exc
-    return as_loader(source, loader_options(args), what=_flag(name))
 
 
 def describe(args: argparse.Namespace) -> str:
@@ -273,9 +282,28 @@ def _csv(path: str, args) -> Any:
     return CsvSource(path, dtypes=_named(args.dtype, "--dtype"), **keys)
 
 
+def _features(pairs: list[str]) -> dict[str, Any] | None:
+    """``--feature KEY=DTYPE[:D,D,...]`` as TFRecordSource's ``features`` (None when none given)."""
+    features = {}
+    for key, value in _named(pairs, "--feature").items():
+        dtype, sep, dims = value.partition(":")
+        try:
+            shape = tuple(None if d.strip() == "?" else int(d) for d in dims.split(",") if d.strip()) if sep else ()
+        except ValueError:
+            raise SpecError(f"--feature {key}={value}: a shape is comma-separated sizes or '?', e.g. "
+                            f"{key}={dtype}:28,28 or {key}={dtype}:?") from None
+        features[key] = dtype if dtype in ("bytes", "str") else (dtype, shape)
+    return features or None
+
+
 def _tfrecord(paths: str, args) -> Any:
     from .. import sources
-    return sources.TFRecordSource(paths)
+    features = _features(args.feature)
+    if features is None and not os.path.isdir(os.path.expanduser(paths)):
+        raise SpecError(f"--tfrecord {paths}: name the features to read, e.g. --feature x=float32:28,28 "
+                        "--feature y=int64 --feature name=bytes ('?' for a dimension of any length), unless it "
+                        "is a pack output directory; 'steadyfeed inspect FILE.tfrecord' lists a file's features")
+    return sources.TFRecordSource(paths, features=features)
 
 
 _SHORTCUTS: dict[str, Callable[[Any, argparse.Namespace], Any]] = {

@@ -15,7 +15,7 @@ The names below are this package's interface; import them from here.
 """
 from .example import (
     NATIVE_LISTS, VARIABLE_KINDS, FeatureSpec, check_sample, decode_example, encode_example, example_classes,
-    infer_specs, parse_features,
+    feature_kinds, infer_specs, parse_example, parse_features,
 )
 from .framing import (
     FRAMING_BYTES, HEADER_BYTES, INDEX_SUFFIX, INDEX_VERSION, RecordWriter, frame, index_path, load_index,
@@ -25,9 +25,9 @@ from .manifest import MANIFEST_FORMAT, MANIFEST_NAME, MANIFEST_VERSION, manifest
 from .source import TFRecordSource, require_support
 
 __all__ = [
-    "FRAMING_BYTES", "HEADER_BYTES", "INDEX_SUFFIX", "INDEX_VERSION", "MANIFEST_FORMAT", "MANIFEST_NAME",
-    "MANIFEST_VERSION", "NATIVE_LISTS", "VARIABLE_KINDS", "FeatureSpec", "RecordWriter", "TFRecordSource",
-    "check_sample", "decode_example", "encode_example", "example_classes", "frame", "index_path", "infer_specs",
-    "load_index", "manifest_dict", "masked_crc", "parse_features", "read_manifest", "read_record", "record_name",
-    "require_support", "save_index", "scan",
+    "FRAMING_BYTES", "FeatureSpec", "HEADER_BYTES", "INDEX_SUFFIX", "INDEX_VERSION", "MANIFEST_FORMAT",
+    "MANIFEST_NAME", "MANIFEST_VERSION", "NATIVE_LISTS", "RecordWriter", "TFRecordSource", "VARIABLE_KINDS",
+    "check_sample", "decode_example", "encode_example", "example_classes", "feature_kinds", "frame", "index_path",
+    "infer_specs", "load_index", "manifest_dict", "masked_crc", "parse_example", "parse_features", "read_manifest",
+    "read_record", "record_name", "require_support", "save_index", "scan",
 ]

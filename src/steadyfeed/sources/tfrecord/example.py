@@ -4,6 +4,9 @@ encoding of a sample as one Example.
 **Features**: ``features`` maps each output key to a spec: ``(dtype, shape)`` such as
 ``("float32", (64, 64, 3))`` or ``("int64", ())``; a dtype string alone (a scalar); or
 ``"bytes"`` / ``"str"`` for one variable-length value returned as Python ``bytes`` / ``str``.
+One dimension may be ``None``: it takes whatever length the record has, e.g.
+``("int64", (None,))`` for a token list of any length or ``("float32", (None, 4))`` for boxes,
+which ``Loader(collate="pad")`` batches (``"<key>_shape"`` holds each row's true shape).
 An array feature is accepted in either of two encodings:
 
 * TensorFlow's native lists: a ``float_list`` (dtype float32) or ``int64_list`` (dtype int64)
@@ -110,9 +113,10 @@ class FeatureSpec:
             dtype, shape = (spec, ()) if not isinstance(spec, (tuple, list)) else spec
             if dtype in VARIABLE_KINDS:
                 return cls(dtype)
-            shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
-            if any(d < 0 for d in shape):
-                raise ValueError("negative dimension")
+            shape = (shape,) if isinstance(shape, int) or shape is None else tuple(shape)
+            shape = tuple(None if d is None else int(d) for d in shape)
+            if any(d is not None and d < 0 for d in shape) or shape.count(None) > 1:
+                raise ValueError("a dimension must be >= 0, or None (any length) for at most one")
             dt = np.dtype(dtype)
             if dt.kind in "OV":
                 raise ValueError(f"dtype {dt} has no byte encoding")
@@ -139,6 +143,20 @@ class FeatureSpec:
     def np_dtype(self) -> np.dtype:
         return np.dtype(self.dtype).newbyteorder("<")
 
+    @property
+    def fixed_size(self) -> int:
+        """Values per record, not counting a ``None`` dimension (whose length each record sets)."""
+        return math.prod(d for d in self.shape if d is not None)
+
+    def _shaped(self, values: np.ndarray):
+        """``values`` (one dimension) in this spec's shape, or None when their count does not fit."""
+        n, fixed = len(values), self.fixed_size
+        if None not in self.shape:
+            return values.reshape(self.shape) if n == fixed else None
+        if fixed == 0 or n % fixed:
+            return None
+        return values.reshape(tuple(-1 if d is None else d for d in self.shape))
+
     def describe(self) -> str:
         return self.dtype if self.dtype in VARIABLE_KINDS else f"{self.dtype} {self.shape}"
 
@@ -159,9 +177,9 @@ class FeatureSpec:
         if kind == "bytes_list" and len(feature.bytes_list.value) == 1:
             return self._from_bytes(feature.bytes_list.value[0], key)
         if kind is not None and kind == NATIVE_LISTS.get(self.dtype):
-            values = getattr(feature, kind).value
-            if len(values) == math.prod(self.shape):
-                return np.array(values, dtype=self.np_dtype).reshape(self.shape)
+            shaped = self._shaped(np.array(getattr(feature, kind).value, dtype=self.np_dtype))
+            if shaped is not None:
+                return shaped
         count = len(getattr(feature, kind).value) if kind else 0
         raise DataError(f"feature {key!r}: expected {self._expected()}, found {kind or 'an empty feature'} "
                         f"with {count} value(s)")
@@ -175,18 +193,23 @@ class FeatureSpec:
             except UnicodeDecodeError as exc:
                 raise DataError(f"feature {key!r}: expected a UTF-8 str, found invalid UTF-8 ({exc})") from None
         dtype = self.np_dtype
-        if len(raw) != dtype.itemsize * math.prod(self.shape):
+        shaped = None if len(raw) % dtype.itemsize else self._shaped(np.frombuffer(raw, dtype=dtype))
+        if shaped is None:
             raise DataError(f"feature {key!r}: expected {self._expected()}, found a bytes_list value of "
                             f"{len(raw)} bytes")
-        return np.frombuffer(raw, dtype=dtype).reshape(self.shape)
+        return shaped
 
     def _expected(self) -> str:
         if self.dtype in VARIABLE_KINDS:
             return f"{self.dtype}: a bytes_list of one value"
-        size = math.prod(self.shape)
-        native = NATIVE_LISTS.get(self.dtype)
-        also = f" or a {native} of {size} values" if native else ""
-        return f"{self.describe()}: one bytes_list value of {self.np_dtype.itemsize * size} raw bytes{also}"
+        size, native = self.fixed_size, NATIVE_LISTS.get(self.dtype)
+        if None in self.shape:
+            count = "any number of values" if size == 1 else f"a multiple of {size} values"
+            raw = f"a multiple of {self.np_dtype.itemsize * size}"
+        else:
+            count, raw = f"{size} values", f"{self.np_dtype.itemsize * size}"
+        also = f" or a {native} of {count}" if native else ""
+        return f"{self.describe()}: one bytes_list value of {raw} raw bytes{also}"
 
 
 def parse_features(features: Mapping[str, Any]) -> dict[str, FeatureSpec]:
@@ -228,14 +251,30 @@ def encode_example(sample: Mapping[str, Any], specs: Mapping[str, FeatureSpec]) 
     return example.SerializeToString(deterministic=True)
 
 
+def parse_example(data: bytes):
+    """A serialized tf.train.Example as its message; DataError when it is not one."""
+    try:
+        return example_classes()["Example"].FromString(data)
+    except Exception as exc:  # protobuf's DecodeError; its module is optional
+        raise DataError(f"not a valid tf.train.Example ({exc})") from None
+
+
+def feature_kinds(data: bytes) -> dict[str, tuple[str, int, int | None]]:
+    """What each feature of a serialized Example holds, without a spec: ``(kind, values,
+    bytes)``: its list kind ("bytes_list", "float_list", "int64_list", or "empty"), how many
+    values, and for a bytes_list the total bytes (what ``steadyfeed inspect`` tallies)."""
+    out = {}
+    for key, feature in parse_example(data).features.feature.items():
+        kind = feature.WhichOneof("kind")
+        values = getattr(feature, kind).value if kind else ()
+        out[key] = (kind or "empty", len(values), sum(map(len, values)) if kind == "bytes_list" else None)
+    return out
+
+
 def decode_example(data: bytes, specs: Mapping[str, FeatureSpec]) -> dict:
     """The sample in a serialized tf.train.Example, one value per spec; DataError (without
     the record's location, which the caller adds) when it does not match the specs."""
-    try:
-        example = example_classes()["Example"].FromString(data)
-    except Exception as exc:  # protobuf's DecodeError; its module is optional
-        raise DataError(f"not a valid tf.train.Example ({exc})") from None
-    feature_map = example.features.feature
+    feature_map = parse_example(data).features.feature
     sample = {}
     for key, spec in specs.items():
         if key not in feature_map:  # test first: indexing a message map inserts the key

@@ -129,7 +129,8 @@ def scan(path: str) -> np.ndarray:
                 raise DataError(f"{path} is truncated: it ends inside the header of {record} "
                                 f"({len(header)} of {HEADER_BYTES} bytes)")
             if _CRC.unpack_from(header, 8)[0] != masked_crc(header[:8]):
-                raise DataError(f"CRC mismatch in the length of {record} of {path}: not a TFRecord file, or damaged")
+                raise DataError(f"CRC mismatch in the length of {record} of {path}: "
+                                f"{_compressed(header) if offset == 0 else 'damaged'}")
             length = _LENGTH.unpack_from(header)[0]
             left = size - offset - FRAMING_BYTES
             if length > left:
@@ -138,6 +139,17 @@ def scan(path: str) -> np.ndarray:
             rows.append((offset, length))
             offset += FRAMING_BYTES + length
     return np.array(rows, dtype=np.int64).reshape(-1, 2)
+
+
+def _compressed(head: bytes) -> str:
+    """Why a file's first record header does not check out: a compressed file, or not TFRecord."""
+    zlib = head[:1] == b"\x78" and head[1] in b"\x01\x5e\x9c\xda"  # the zlib header's usual levels
+    kind = "GZIP" if head[:2] == b"\x1f\x8b" else "ZLIB" if zlib else None
+    if kind is None:
+        return "not a TFRecord file, or damaged"
+    return (f"it is {kind}-compressed (TFRecordOptions(compression_type={kind!r})); TFRecordSource reads "
+            f"uncompressed TFRecord files, for random access: decompress it first (e.g. "
+            f"{'gunzip' if kind == 'GZIP' else 'zlib.decompress'}), or write it with compression_type=''")
 
 
 # -- offset index ---------------------------------------------------------------------------------

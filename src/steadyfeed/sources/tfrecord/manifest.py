@@ -18,7 +18,9 @@ MANIFEST_FORMAT = "steadyfeed.tfrecord-dataset"
 MANIFEST_VERSION = 1
 
 
-def manifest_dict(samples: int, specs: Mapping[str, FeatureSpec], shards: Sequence[tuple[str, int]]) -> dict:
+def manifest_dict(samples: int, specs: Mapping[str, FeatureSpec], shards: Sequence[tuple[str, int]],
+                  quarantine: Sequence[dict] = ()) -> dict:
+    """The manifest; ``quarantine`` lists the samples ``pack(on_error="skip")`` left out."""
     return {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
@@ -27,6 +29,7 @@ def manifest_dict(samples: int, specs: Mapping[str, FeatureSpec], shards: Sequen
                     "(tf.io.decode_raw, then reshape), bytes as is, str as UTF-8",
         "features": {key: spec.to_json() for key, spec in specs.items()},
         "shards": [{"file": name, "records": count} for name, count in shards],
+        "quarantine": list(quarantine),
     }
 
 
