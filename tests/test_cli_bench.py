@@ -310,7 +310,7 @@ def test_bad_files_are_measured_under_skip_with_max_error_fraction(tmp_path, cap
     data = ["--npy-pairs", str(tmp_path / "in"), str(tmp_path / "lab"), "--batch-size", "4", "--workers", "0,2",
             "--modes", "thread", "--warmup", "0", "--max-batches", "0", "--repeat", "1"]
     code, report = bench_json(capsys, *data)
-    assert code == 1 and all(s["error"].startswith("SampleError: sample 3") for s in report["settings"])
+    assert code == 1 and all(s["error"].startswith("SampleError[DataError]: sample 3") for s in report["settings"])
     code, report = bench_json(capsys, *data, "--on-error", "skip")
     assert code == 1 and all("TooManyErrors" in s["error"] and "max_error_fraction=0.1" in s["error"]
                              for s in report["settings"])
