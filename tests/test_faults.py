@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import numpy as np
 import psutil
@@ -18,7 +17,7 @@ import pytest
 
 from steadyfeed import Loader, SampleError, SampleTimeout, TooManyErrors, WorkerDied
 
-from helpers import FaultySource, Unpicklable, assert_paired, child_processes, failing_transform, paired_source
+from helpers import HANG_SECONDS, FaultySource, Unpicklable, assert_paired, child_processes, failing_transform, paired_source
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -117,10 +116,8 @@ def test_too_many_errors_abort_the_run(marker_dir):
 # -- dying workers --------------------------------------------------------------------------
 def test_worker_killed_on_a_sample_is_rerun_on_a_fresh_worker(marker_dir, no_leaks):
     src = FaultySource(N, kill={9, 30}, marker_dir=marker_dir)
-    t0 = time.monotonic()
     with Loader(src, 4, workers=2, mode="process", with_ids=True, retries=1) as loader:
         assert_exactly_once_except(delivered_ids(loader), set())
-    assert time.monotonic() - t0 < 20
 
 
 def test_worker_death_without_retries_names_the_sample(marker_dir, no_leaks):
@@ -245,13 +242,11 @@ def test_discarding_a_slot_left_empty_by_a_killed_worker_unlinks_it(no_leaks):
 @pytest.mark.parametrize("workers,mode", MODES)
 def test_hung_sample_times_out_with_its_id(workers, mode, marker_dir, no_leaks):
     src = FaultySource(N, hang={17}, marker_dir=marker_dir)
-    t0 = time.monotonic()
     try:
         with Loader(src, 4, workers=workers, mode=mode, timeout=0.5) as loader:
-            with pytest.raises(SampleTimeout) as info:
+            with pytest.raises(SampleTimeout) as info:  # a hang that ran its course would deliver the sample
                 list(loader)
         assert info.value.sample_id == 17 and "timeout=0.5" in str(info.value)
-        assert time.monotonic() - t0 < 10
     finally:
         open(os.path.join(marker_dir, "release"), "w").close()  # let an abandoned thread finish
 
@@ -280,11 +275,10 @@ def test_a_thread_stuck_in_a_hung_sample_does_not_block_interpreter_exit(tmp_pat
         except SampleTimeout as e:
             print("timed out on", e.sample_id)
     """)
-    t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
+    # an exit that waited for the stuck thread would take HANG_SECONDS (30 s): past this timeout
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_SECONDS - 5)
     assert out.returncode == 0, out.stderr
     assert "timed out on 3" in out.stdout
-    assert time.monotonic() - t0 < 15
 
 
 # -- the consumer stops early -----------------------------------------------------------------
@@ -313,13 +307,11 @@ def test_real_sigint_while_waiting_for_a_batch(workers, mode, marker_dir, no_lea
     src = FaultySource(200, marker_dir=marker_dir, slow=0.05)
     timer = threading.Timer(0.8, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
-    t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         with Loader(src, 8, workers=workers, mode=mode) as loader:
             for _ in loader:
                 pass
     timer.join()
-    assert time.monotonic() - t0 < 10
 
 
 def second_ctrl_c_while_stopping(monkeypatch, mode):

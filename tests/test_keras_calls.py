@@ -14,36 +14,18 @@ happened; each test asserts one promise of ``steadyfeed.keras.KerasDataset`` on 
 """
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).parent / "keras_scripts" / "run_calls.py"
-BACKEND_MODULES = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
-SCRIPT_TIMEOUT = 400
-pytestmark = pytest.mark.timeout(SCRIPT_TIMEOUT + 60)
+import keras_runs
+
+pytestmark = pytest.mark.timeout(keras_runs.WAIT_TIMEOUT + 60)
 LOSS_TOLERANCE = 1e-6
 CUT_SHORT = [f"{how}@{at}" for how in ("stop_training", "exception", "ctrl_c") for at in (0, 2)]
 
 
-@pytest.fixture(scope="module", params=sorted(BACKEND_MODULES))
+@pytest.fixture(scope="module", params=keras_runs.BACKENDS)
 def report(request) -> dict:
-    backend = request.param
-    for module in ("keras", BACKEND_MODULES[backend]):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"KERAS_BACKEND={backend}: {module} is not installed")
-    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    done = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True,
-                          timeout=SCRIPT_TIMEOUT)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
-    if done.returncode != 0 or not lines:
-        pytest.fail(f"{backend}: run_calls.py failed (rc {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len("REPORT "):])
+    return keras_runs.report(request, "calls", request.param)
 
 
 def part(report: dict, name: str):

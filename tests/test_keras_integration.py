@@ -7,13 +7,10 @@ skipped with the reason. The framework-free parts are tested in this process.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,32 +21,16 @@ from steadyfeed.integration.distributed import shard_from_jax, shard_from_tf_inp
 from steadyfeed.integration.layout import BatchLayout
 from steadyfeed.integration.shapes import fixed_batch_size
 
-SCRIPTS = Path(__file__).parent / "keras_scripts"
-BACKEND_MODULES = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
-EXTRAS = {"tensorflow": "tf", "jax": "jax", "torch": "torch"}
-SCRIPT_TIMEOUT = 240  # seconds; one backend takes ~10-20 s on 2 idle cores
-TEST_TIMEOUT = SCRIPT_TIMEOUT + 60
+import keras_runs
+
+TEST_TIMEOUT = keras_runs.WAIT_TIMEOUT + 60
 EPOCHS, STEPS = 3, 16  # run_backend.py: 500 samples, batches of 32
 FRAMEWORKS = ("keras", "tensorflow", "jax", "torch")
 
 
-def _run_report(backend: str) -> dict:
-    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    done = subprocess.run([sys.executable, str(SCRIPTS / "run_backend.py")], env=env, capture_output=True,
-                          text=True, timeout=SCRIPT_TIMEOUT)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
-    if done.returncode != 0 or not lines:
-        pytest.fail(f"{backend} script failed (rc {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len("REPORT "):])
-
-
-@pytest.fixture(scope="module", params=sorted(BACKEND_MODULES))
+@pytest.fixture(scope="module", params=keras_runs.BACKENDS)
 def report(request) -> dict:
-    backend = request.param
-    for module in ("keras", BACKEND_MODULES[backend]):
-        if importlib.util.find_spec(module) is None:
-            pytest.skip(f"KERAS_BACKEND={backend}: {module} is not installed (pip install 'steadyfeed[{EXTRAS[backend]}]')")
-    return _run_report(backend)
+    return keras_runs.report(request, "backend", request.param)
 
 
 def part(report: dict, name: str) -> dict:
@@ -229,3 +210,9 @@ def test_shard_helpers(monkeypatch):
         shard_from_tf_input_context(types.SimpleNamespace(input_pipeline_id=4, num_input_pipelines=4))
     sharded = sf.Loader(sf.ArraySource(x=np.arange(10.0)), 2, last_batch="pad", **shard_from_jax())
     assert len(sharded) == 1
+
+
+def test_a_dict_x_without_y_is_the_batch_itself():
+    batch = {"a": np.ones((3, 2)), "b": np.zeros((3, 1))}
+    whole = BatchLayout({"a": "a", "b": "b"}, None).to_keras(batch)  # Keras reads a dict batch as the inputs
+    assert isinstance(whole, dict) and whole["a"] is batch["a"]

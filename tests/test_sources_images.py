@@ -2,7 +2,6 @@
 import os
 import pickle
 import struct
-import time
 import zlib
 
 import numpy as np
@@ -199,11 +198,10 @@ def test_a_50k_by_50k_header_is_refused_fast_without_decoding(tmp_path, fmt):
     else:
         jpeg_claiming(path, 50_000, 50_000)
     src = ImageFolder(tmp_path / "root")
-    t0 = time.perf_counter()
+    # the file holds a header only: decoding would fail on missing data, so "pixels" proves the
+    # refusal came from the header (decoding 2.5 G pixels would take minutes and 7.5 GB)
     with pytest.raises(DataError, match="pixels") as info:
         src[0]
-    # decoding 2.5 G pixels would take minutes and 7.5 GB; refusing from the header takes microseconds
-    assert time.perf_counter() - t0 < 0.5
     assert str(path) in str(info.value) and "50000" in str(info.value).replace(",", "")
 
 
