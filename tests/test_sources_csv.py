@@ -239,11 +239,17 @@ def test_runaway_rows_are_refused_at_indexing(tmp_path):
 @pytest.mark.parametrize("row,dtype,expected", [
     ("1,2", "float32", "expected 3 fields (as in the header), found 2"),
     ("1,2,3,4", "float32", "expected 3 fields (as in the header), found 4"),
-    ("1,abc,3", "float32", "column 'b': expected float32, found 'abc'"),
+    ("1,abc,3", "float32", "column 'b': expected float32, found 'abc'; text labels read as class ids with "
+                           "dtypes={'v': 'class'}"),
     ("1,1e40,3", "float32", "column 'b': expected float32, found '1e40' (out of range)"),
     ("1,3.5,3", "int64", "column 'b': expected int64, found '3.5'"),
     ("1,300,3", "int8", "column 'b': expected int8, found '300' (out of range)"),
-    ("1,,3", "float64", "column 'b': expected float64, found ''"),
+    ("1,,3", "int64", "column 'b': missing value '': int64 has no NaN; pass fill={'v': value} for missing values, "
+                      "or read it as float32 (NaN)"),
+    ("1,NA,3", "int16", "column 'b': missing value 'NA': int16 has no NaN; pass fill={'v': value} for missing "
+                        "values, or read it as float32 (NaN)"),
+    ("1,2.0001,3", "int64", "column 'b': expected int64, found '2.0001'"),
+    ("1,128.0,3", "int8", "column 'b': expected int8, found '128.0' (out of range)"),
 ])
 def test_bad_rows_name_file_line_and_expectation(tmp_path, row, dtype, expected):
     path = write(tmp_path / "bad.csv", f'a,b,c\n1,2,3\n"multi\nline",5,6\n{row}\n7,8,9\n')
