@@ -24,10 +24,10 @@ from .framing import (
     record_name, save_index, scan,
 )
 from .manifest import MANIFEST_FORMAT, MANIFEST_NAME, MANIFEST_VERSION, manifest_dict, read_manifest
-from .source import TFRecordSource, require_support
+from .source import INFER_RECORDS, TFRecordSource, require_support
 
 __all__ = [
-    "COMPRESSIONS", "FileIndex", "RAW_SUFFIX", "compression_name", "detect_compression", "infer_features",
+    "COMPRESSIONS", "FileIndex", "INFER_RECORDS", "RAW_SUFFIX", "compression_name", "detect_compression", "infer_features",
     "open_index",
     "FRAMING_BYTES", "FeatureSpec", "HEADER_BYTES", "INDEX_SUFFIX", "INDEX_VERSION", "MANIFEST_FORMAT",
     "MANIFEST_NAME", "MANIFEST_VERSION", "NATIVE_LISTS", "RecordWriter", "TFRecordSource", "VARIABLE_KINDS",
