@@ -244,9 +244,12 @@ def test_a_csv_shows_rows_columns_types_and_missing_values_and_refuses_what_csvs
     assert summary["rows"] == 7
     assert [(c["name"], c["type"], c["missing"]) for c in summary["columns"]] == [
         ("a", "float", 1), ("b", "int", 1), ("name", "text", 0)]
+    # empty fields are missing values, NaN as a CsvSource reads them (as pandas): only the short row is refused
     assert [(r["item"], r["reason"].split(":")[0]) for r in report["refused"]] == [
-        ("t.csv:4", "column 'a'"), ("t.csv:6", "column 'b'"),
         ("t.csv:7", "expected 3 fields (as in the header), found 2")]
+    assert [c["note"] for c in summary["columns"]] == [
+        "", "missing values: NaN as float32, or fill= for an integer key",
+        "text: read it as class ids with --dtype KEY=class"]
     assert sorted(os.listdir(tmp_path)) == ["t.csv"]  # nothing written beside the data (no index cache)
 
 

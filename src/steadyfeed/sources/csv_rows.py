@@ -275,11 +275,9 @@ _ONE = (str, int, np.integer)  # selects one column: a scalar key
 def _select(path: str, keys: dict, dtypes: dict, names: list[str] | None, nfields: int) -> dict[str, _Key]:
     if not keys:
         raise ValueError("CsvSource needs at least one key, e.g. CsvSource(path, x=['a', 'b'], y='label')")
-    for option, given in (("dtypes", dtypes),):
-        unknown = sorted(set(given) - set(keys))
-        if unknown:
-            raise ValueError(f"{option} names {unknown}, which are not keys; {option} are per key, keys are "
-                             f"{sorted(keys)}")
+    unknown = sorted(set(dtypes) - set(keys))
+    if unknown:
+        raise ValueError(f"dtypes names {unknown}, which are not keys; dtypes are per key, keys are {sorted(keys)}")
     missing = [c for cols in keys.values() for c in ([cols] if isinstance(cols, _ONE) else cols)
                if isinstance(c, str) and (names is None or c not in names)]
     if missing:

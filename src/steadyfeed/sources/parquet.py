@@ -230,8 +230,7 @@ class ParquetSource:
         self._groups = [(f, r) for f, meta in enumerate(metas) for r in range(meta.num_row_groups)]
         counts = [metas[f].row_group(r).num_rows for f, r in self._groups]
         self._starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
-        self._file_starts = [int(self._starts[self._groups.index((f, 0))]) if metas[f].num_row_groups else None
-                             for f in range(len(self.paths))]
+        self._file_starts = np.concatenate([[0], np.cumsum([m.num_rows for m in metas])]).tolist()  # row of each file
         self._handles = LazyHandles(_open_parquet)
         self._cache = _RowGroups(int(cache_bytes))
         if not all(key.stacks for key in self.keys.values()):

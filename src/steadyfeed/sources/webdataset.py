@@ -234,12 +234,9 @@ class WebDatasetSource:
         self.paths = shard_files(shards)
         self._shards = [_load_shard(path, cache_dir) for path in self.paths]
         for shard in self._shards:
-            if not shard.samples and shard.broken is not None:
-                fd = os.open(shard.path, os.O_RDONLY)
-                try:
-                    raise self._break_error(shard, fd)
-                finally:
-                    os.close(fd)
+            if not shard.samples and shard.broken is not None:  # nothing to read: no tar shard
+                with open(shard.path, "rb", buffering=0) as f:
+                    raise self._break_error(shard, f.fileno())
         if keys is None:
             self.keys = None
         else:
@@ -285,10 +282,11 @@ class WebDatasetSource:
         shard, _ = self._where(i)
         members = self.members(i)
         fd = self._handles.get(shard.path)
-        chosen = members if self.keys is None else {key: self._pick(i, members, exts)
-                                                     for key, exts in self.keys.items()}
-        return {key: self._read(i, fd, ext, *members[ext]) for key, ext in
-                ((k, k if self.keys is None else v) for k, v in chosen.items())}
+        if self.keys is None:
+            chosen = {ext: ext for ext in members}
+        else:
+            chosen = {key: self._pick(i, members, exts) for key, exts in self.keys.items()}
+        return {key: self._read(i, fd, ext, *members[ext]) for key, ext in chosen.items()}
 
     def _pick(self, i: int, members: dict, exts: tuple) -> str:
         for ext in exts:

@@ -341,7 +341,7 @@ def infer_features(records: Sequence[bytes]) -> tuple[dict[str, FeatureSpec], li
     (any length: batch it with ``collate="pad"``). Also notes on the features left out (a
     bytes_list of several values, a feature never set). DataError for a feature of two kinds."""
     kinds: dict[str, dict[str, set]] = {}
-    for number, data in enumerate(records):
+    for data in records:
         for key, (kind, count, _) in feature_kinds(data).items():
             kinds.setdefault(key, {}).setdefault(kind, set()).add(count)
     specs, notes = {}, []
