@@ -3,6 +3,8 @@ source, column kinds, nulls, bad input, exactly once and bit-identical across wo
 import pickle
 
 import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import pytest
 
 from steadyfeed import DataError, Loader
@@ -152,3 +154,15 @@ def test_pickles_without_handles_or_decoded_groups(files):
     assert ParquetSource(files, y="x").fingerprint() != src.fingerprint()
     src.close()
     copy.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ids=st.lists(st.integers(0, N - 1), max_size=20))
+def test_a_batched_read_equals_the_rows_read_one_by_one(files, ids):
+    src = ParquetSource(files, x=["x", "y"], v="vec", g="grid")
+    batch = src.read_batch(ids)  # any ids, group boundaries and repeats included
+    for key in ("x", "v", "g"):
+        expected = np.stack([src[i][key] for i in ids]) if ids else np.empty(0)
+        np.testing.assert_array_equal(batch[key], expected)
+        assert batch[key].dtype == expected.dtype or not ids
+    src.close()
