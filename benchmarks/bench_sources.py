@@ -1,7 +1,7 @@
 """Sources throughput (issue 3): steadyfeed's file sources against what users write with
 Keras ``PyDataset``, ``tf.data`` and torch ``DataLoader``, on data generated on disk.
 
-Three datasets, generated once into a temporary directory (or into / from ``--data DIR``):
+Four datasets, generated once into a temporary directory (or into / from ``--data DIR``):
 
   npy    20,000 pairs inputs/NNNNNN.npy float32 (64, 64, 3) + labels/NNNNNN.npy float32 (1,);
          steadyfeed reads them with NpyPairs
@@ -10,6 +10,13 @@ Three datasets, generated once into a temporary directory (or into / from ``--da
          read and a per-sample loop are timed as references
   jpeg   5,000 JPEGs 128 x 128 (quality 90) in two class folders; steadyfeed reads them with
          ImageFolder, and through MemoryCache (its filling epoch and the cached ones)
+
+  records the JPEG dataset packed as one GZIP TFRecord of ImageNet-style Examples (written by
+         TensorFlow's TFRecordWriter) and as one Parquet file (pyarrow, row groups of 256);
+         steadyfeed reads them with TFRecordSource (features inferred, decompressed copy) and
+         ParquetSource, decoding with steadyfeed.decode_image in the transform; the peers are
+         tf.data's TFRecordDataset(compression_type="GZIP") + decode_jpeg (AUTOTUNE) and
+         pyarrow's ParquetFile.iter_batches + PIL
 
 Batch 32; each dataset runs in a fresh process (see ``run_in_child``). For npy and jpeg
 every loader is built first, then each runs a warm-up epoch (starts workers, fills the page cache: the data is read from memory, so this
@@ -145,6 +152,36 @@ def generate_jpeg(root: str, n: int) -> None:
         Image.fromarray(img).save(os.path.join(root, f"class_{i % 2}", f"{i:05d}.jpg"), quality=90)
 
 
+RECORDS_ROW_GROUP = 256  # Parquet rows per row group (about 2 MB of JPEG bytes)
+TFRECORD_NAME, PARQUET_NAME = "train.tfrecord.gz", "train.parquet"
+
+
+def generate_records(root: str, n: int) -> None:
+    """The JPEG dataset's files packed as a GZIP TFRecord of ImageNet-style Examples (written by
+    TensorFlow's own TFRecordWriter: ``image/encoded`` bytes, ``image/class/label`` int64) and as
+    a Parquet file (pyarrow's write_table: ``image`` binary, ``label`` int64, row groups of
+    RECORDS_ROW_GROUP rows), in the ImageFolder's order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    images = os.path.join(root, "images")
+    os.makedirs(root)
+    generate_jpeg(images, n)
+    paths, labels = jpeg_files(images)
+    order = np.argsort([int(os.path.basename(p)[:5]) for p in paths], kind="stable")  # index order
+    data = [open(paths[k], "rb").read() for k in order]
+    labels = labels[order]
+    tf = tf_module()
+    with tf.io.TFRecordWriter(os.path.join(root, TFRECORD_NAME), options="GZIP") as writer:
+        for jpeg, label in zip(data, labels.tolist()):
+            writer.write(tf.train.Example(features=tf.train.Features(feature={
+                "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
+                "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+            })).SerializeToString())
+    pq.write_table(pa.table({"image": pa.array(data, pa.binary()), "label": pa.array(labels, pa.int64())}),
+                   os.path.join(root, PARQUET_NAME), row_group_size=RECORDS_ROW_GROUP)
+
+
 @dataclass(frozen=True)
 class Dataset:
     key: str
@@ -169,6 +206,9 @@ DATASETS = {
                     interleave=False),
     "jpeg": Dataset("jpeg", 5_000, 600, f"JPEG {JPEG_SIDE} x {JPEG_SIDE} RGB, quality 90, 2 class folders",
                     generate_jpeg, jpeg_indices, lambda i: i % 2),
+    "records": Dataset("records", 5_000, 600, f"the JPEG dataset as one GZIP TFRecord (TFRecordWriter) and one "
+                       f"Parquet file (row groups of {RECORDS_ROW_GROUP})", generate_records, jpeg_indices,
+                       lambda i: i % 2),
 }
 
 
@@ -291,6 +331,67 @@ def steadyfeed_epochs(ds: Dataset, path: str, n: int, workers: int, mode: str, s
     with steadyfeed.Loader(source, BATCH, shuffle=shuffle, seed=SEED, workers=workers, mode=mode,
                            **options) as loader:
         yield checked_epoch(ds, n, lambda e: ((b["x"], b["y"]) for b in loader.epoch(e)))
+
+
+def decode_example(sample: dict, rng) -> dict:
+    """The transform a user writes for ImageNet-style records: the JPEG decoded as ImageFolder does."""
+    return {"x": steadyfeed.decode_image(sample["image/encoded"]), "y": sample["image/class/label"]}
+
+
+def decode_row(sample: dict, rng) -> dict:
+    return {"x": steadyfeed.decode_image(sample["image"]), "y": sample["label"]}
+
+
+def records_source(path: str, fmt: str):
+    if fmt == "tfrecord":
+        return steadyfeed.TFRecordSource(os.path.join(path, TFRECORD_NAME)), decode_example  # features inferred
+    return steadyfeed.ParquetSource(os.path.join(path, PARQUET_NAME)), decode_row
+
+
+@contextmanager
+def steadyfeed_records_epochs(ds: Dataset, path: str, n: int, fmt: str, workers: int, mode: str) -> Iterator[EpochFn]:
+    source, transform = records_source(path, fmt)
+    with steadyfeed.Loader(source, BATCH, transform=transform, seed=SEED, workers=workers, mode=mode) as loader:
+        yield checked_epoch(ds, n, lambda e: ((b["x"], b["y"]) for b in loader.epoch(e)))
+
+
+@contextmanager
+def tf_records_epochs(ds: Dataset, path: str, n: int) -> Iterator[EpochFn]:
+    """tf.data's own pipeline for the file: TFRecordDataset(compression_type="GZIP"), parse and
+    decode_jpeg mapped with AUTOTUNE, batch, prefetch."""
+    tf = tf_module()
+    auto = tf.data.AUTOTUNE
+    spec = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
+            "image/class/label": tf.io.FixedLenFeature([], tf.int64)}
+
+    def parse(record):
+        ex = tf.io.parse_single_example(record, spec)
+        return tf.io.decode_jpeg(ex["image/encoded"], channels=3), ex["image/class/label"]
+
+    dataset = (tf.data.TFRecordDataset(os.path.join(path, TFRECORD_NAME), compression_type="GZIP")
+               .map(parse, num_parallel_calls=auto).batch(BATCH).prefetch(auto))
+    yield checked_epoch(ds, n, lambda e: dataset.as_numpy_iterator())
+
+
+@contextmanager
+def pyarrow_epochs(ds: Dataset, path: str, n: int, decoder: str) -> Iterator[EpochFn]:
+    """pyarrow's own batched reader (ParquetFile.iter_batches, batches of 32), each image decoded
+    with PIL (what users write), or with steadyfeed.decode_image in the same loop (a reference:
+    the same decoder as steadyfeed, one thread)."""
+    import pyarrow.parquet as pq
+    from PIL import Image
+    import io
+
+    decode = (lambda b: np.array(Image.open(io.BytesIO(b)).convert("RGB"))) if decoder == "PIL" \
+        else steadyfeed.decode_image
+
+    def batches(e: int):
+        with pq.ParquetFile(os.path.join(path, PARQUET_NAME)) as f:
+            for batch in f.iter_batches(batch_size=BATCH, columns=["image", "label"]):
+                images = batch.column(0).to_pylist()
+                yield np.stack([decode(b) for b in images]), batch.column(1).to_numpy()
+
+    yield checked_epoch(ds, n, batches)
 
 
 # -- Keras PyDataset ----------------------------------------------------------------------
@@ -560,7 +661,28 @@ CACHED = (  # JPEG only: ImageFolder through a fresh MemoryCache; the warm-up ep
 )
 
 
+RECORDS = (
+    ("steadyfeed", "TFRecordSource GZIP + decode_image w0", steadyfeed_records_epochs,
+     dict(fmt="tfrecord", workers=0, mode="thread")),
+    ("steadyfeed", "TFRecordSource GZIP + decode_image thread w2", steadyfeed_records_epochs,
+     dict(fmt="tfrecord", workers=2, mode="thread")),
+    ("steadyfeed", "TFRecordSource GZIP + decode_image process w2", steadyfeed_records_epochs,
+     dict(fmt="tfrecord", workers=2, mode="process")),
+    ("tf.data", "TFRecordDataset GZIP + decode_jpeg AUTOTUNE", tf_records_epochs, {}),
+    ("steadyfeed", "ParquetSource + decode_image w0", steadyfeed_records_epochs,
+     dict(fmt="parquet", workers=0, mode="thread")),
+    ("steadyfeed", "ParquetSource + decode_image thread w2", steadyfeed_records_epochs,
+     dict(fmt="parquet", workers=2, mode="thread")),
+    ("steadyfeed", "ParquetSource + decode_image process w2", steadyfeed_records_epochs,
+     dict(fmt="parquet", workers=2, mode="process")),
+    ("pyarrow", "iter_batches + PIL", pyarrow_epochs, dict(decoder="PIL")),
+    ("pyarrow", "iter_batches + decode_image (reference)", pyarrow_epochs, dict(decoder="decode_image")),
+)
+
+
 def settings(key: str) -> list[tuple]:
+    if key == "records":
+        return list(RECORDS)
     if key == "npy":
         return [*STEADYFEED, *PEERS, TF_DATA]
     if key == "hdf5":
@@ -595,7 +717,7 @@ def run_all(key: str, ds: Dataset, path: str, n: int, epochs: int) -> list[Resul
                 timings += time_interleaved([fn], epochs)
     results = []
     for (family, label, _, kwargs), (covered, warm, seconds) in zip(chosen, timings):
-        peer = family in ("keras", "torch", "tf.data")
+        peer = family in ("keras", "torch", "tf.data", "pyarrow") and "reference" not in label
         if kwargs.get("cache"):  # a cached loader's warm-up is the epoch that fills the cache
             results.append(Result(family, f"{label}, epoch 1 (fills)", n, warm, covered, peer=False))
             label = f"{label}, epoch 2+ (cached)"
@@ -619,6 +741,15 @@ def targets(key: str, results: list[Result]) -> list[tuple[str, bool | None]]:
     r = by_label(results)
     ours = [x for x in results if x.family == "steadyfeed" and "MemoryCache" not in x.setting]
     peer = max((x for x in results if x.is_peer), key=lambda x: x.rate)
+    if key == "records":
+        lines = []
+        for fmt, peers in (("TFRecordSource", [x for x in results if x.family == "tf.data"]),
+                           ("ParquetSource", [x for x in results if x.family == "pyarrow" and x.is_peer])):
+            mine = max((x for x in ours if x.setting.startswith(fmt)), key=lambda x: x.rate)
+            other = max(peers, key=lambda x: x.rate)
+            lines.append(verdict(f"records: steadyfeed best {fmt} ({mine.setting}) / {other.label}",
+                                 mine.rate / other.rate, 1.0))
+        return lines
     if key == "npy":
         mine = max(ours, key=lambda x: x.rate)
         return [verdict(f"npy: steadyfeed best ({mine.setting}) / peer best ({peer.label})",
@@ -676,7 +807,8 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="print markdown tables")
     parser.add_argument("--epochs", type=int, default=1,
                         help="timed epochs (rounds) per setting, HDF5 3x as many; reports the median")
-    parser.add_argument("--only", default="npy,hdf5,jpeg", help="comma-separated datasets: npy, hdf5, jpeg")
+    parser.add_argument("--only", default="npy,hdf5,jpeg,records",
+                        help="comma-separated datasets: npy, hdf5, jpeg, records")
     parser.add_argument("--data", help="directory to generate the datasets in, or reuse them from (default: a "
                         "temporary directory, removed afterwards)")
     parser.add_argument("--summary-to", help=argparse.SUPPRESS)  # a child run: write its target lines here
@@ -687,7 +819,7 @@ def main() -> None:
         parser.error(f"--only: unknown dataset(s) {', '.join(unknown)}; choose from {', '.join(DATASETS)}")
 
     if args.summary_to is None:
-        print(run_line(args.markdown, "tensorflow-cpu", "h5py", "pillow", "simplejpeg"), flush=True)
+        print(run_line(args.markdown, "tensorflow-cpu", "h5py", "pillow", "simplejpeg", "pyarrow"), flush=True)
     summary: list[tuple[str, bool | None]] = []
     with data_directory(args.data) as data_dir:
         for key in keys:
@@ -714,9 +846,33 @@ def run_dataset(key: str, args, data_dir: str) -> list[tuple[str, bool | None]]:
     print(heading(f"{key}: {n:,} samples, {ds.describe}, batch {BATCH}, {timed}", args.markdown))
     print(table(results, args.markdown))
     lines = targets(key, results) + [(line, False) for line in coverage_failures(results)]
+    if key == "records":
+        lines.append((gzip_index_cost(path), None))
     print()
     print(bullets([line for line, _ in lines], args.markdown), flush=True)
     return lines
+
+
+def gzip_index_cost(path: str) -> str:
+    """What the first use of the GZIP file costs: decompressing it into its copy and indexing the
+    records (into a fresh cache_dir), against the file's sizes; and a shuffled read of every
+    record afterwards (no decoding), which a compressed stream could not do at all."""
+    gz = os.path.join(path, TFRECORD_NAME)
+    with tempfile.TemporaryDirectory() as cache:
+        t0 = time.perf_counter()
+        source = steadyfeed.TFRecordSource(gz, {"image/encoded": "bytes"}, cache_dir=cache)
+        built = time.perf_counter() - t0
+        raw = os.path.getsize(source._files[0].data_path)
+        order = np.random.default_rng(SEED).permutation(len(source))
+        t0 = time.perf_counter()
+        for i in order.tolist():
+            source[i]
+        shuffled = time.perf_counter() - t0
+        source.close()
+    mb = os.path.getsize(gz) / 1e6
+    return (f"records: first use of the GZIP file (decompressed copy + index): {built:.2f} s for {mb:.1f} MB "
+            f"compressed, {raw / 1e6:.1f} MB decompressed ({raw / 1e6 / built:.0f} MB/s); then every record read "
+            f"in a shuffled order (CRCs checked, no decode): {len(order) / shuffled:,.0f} records/s (reported)")
 
 
 def run_in_child(key: str, args, data_dir: str) -> list[tuple[str, bool | None]]:

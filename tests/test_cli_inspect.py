@@ -244,9 +244,12 @@ def test_a_csv_shows_rows_columns_types_and_missing_values_and_refuses_what_csvs
     assert summary["rows"] == 7
     assert [(c["name"], c["type"], c["missing"]) for c in summary["columns"]] == [
         ("a", "float", 1), ("b", "int", 1), ("name", "text", 0)]
+    # empty fields are missing values, NaN as a CsvSource reads them (as pandas): only the short row is refused
     assert [(r["item"], r["reason"].split(":")[0]) for r in report["refused"]] == [
-        ("t.csv:4", "column 'a'"), ("t.csv:6", "column 'b'"),
         ("t.csv:7", "expected 3 fields (as in the header), found 2")]
+    assert [c["note"] for c in summary["columns"]] == [
+        "", "missing values: NaN as float32, or fill= for an integer key",
+        "text: read it as class ids with --dtype KEY=class"]
     assert sorted(os.listdir(tmp_path)) == ["t.csv"]  # nothing written beside the data (no index cache)
 
 
@@ -277,23 +280,31 @@ def test_a_tensorflow_written_tfrecord_lists_its_features_and_the_flags_that_rea
     assert inspect_json(capsys, "--tfrecord", path, *flags, "--collate", "pad")[0] == 0
     code, report = inspect_json(capsys, "--tfrecord", path)  # no --feature: the files themselves
     assert code == 0 and report["tables"]["train.tfrecord"]["records"] == 8
+    assert {f["feature"]: f["inferred"] for f in summary["features"]} == {  # what TFRecordSource infers
+        "name": "bytes", "tokens": "int64 (None,)", "x": "float32 (6,)"}
     with tf.io.TFRecordWriter(str(tmp_path / "z.tfrecord"), options="GZIP") as writer:
         writer.write(tf_example(0))
     code, report = inspect_json(capsys, str(tmp_path / "z.tfrecord"))
-    assert code == 1 and "GZIP-compressed" in report["unreadable"][0]["error"]
+    assert code == 0 and report["tables"]["z.tfrecord"]["compression"] == "GZIP"
+    assert not [f for f in os.listdir(tmp_path) if f.startswith("z.tfrecord.")]  # no copy nor index beside the data
 
 
-def test_a_gzip_tfrecord_is_unreadable_with_the_reason_and_index_caches_are_not_data(tmp_path, capsys, no_leaks):
+def test_a_cut_gzip_tfrecord_is_read_up_to_the_cut_and_index_caches_are_not_data(tmp_path, capsys, no_leaks):
     from steadyfeed.packing import pack
     from steadyfeed.sources.tfrecord import TFRecordSource, encode_example, infer_specs
 
     sample = {"x": np.arange(3, dtype=np.float32)}
-    messy.gzip_tfrecord(tmp_path / "g.tfrecord", [encode_example(sample, infer_specs(sample))] * 2)
-    code, report = inspect_json(capsys, str(tmp_path / "g.tfrecord"))
-    error = report["unreadable"][0]["error"]
-    assert code == 1 and "GZIP-compressed" in error and "gunzip" in error
-    with pytest.raises(Exception, match="GZIP-compressed"):  # the source says the same
-        TFRecordSource(str(tmp_path / "g.tfrecord"), features={"x": ("float32", (3,))})
+    path = messy.gzip_tfrecord(tmp_path / "g.tfrecord", [encode_example(sample, infer_specs(sample))] * 4)
+    path.write_bytes(path.read_bytes()[:-12])  # the gzip trailer and some data: a truncated stream
+    source = TFRecordSource(str(path), features={"x": ("float32", (3,))}, cache_dir=tmp_path / "cache")
+    good = len(source) - 1  # the records that decompressed whole, then the cut
+    assert good >= 1 and source.compressions == ["GZIP"] and source[good - 1]["x"].tolist() == [0, 1, 2]
+    with pytest.raises(Exception, match="GZIP stream .* ends before its end marker"):
+        source[good]
+    source.close()
+    code, report = inspect_json(capsys, str(path))  # inspect says the same
+    assert code == 1 and [u["item"] for u in report["unreadable"]] == [f"g.tfrecord record {good}"]
+    assert "ends before its end marker (the file is truncated)" in report["unreadable"][0]["error"]
     out = pack([sample] * 5, tmp_path / "packed", progress=False)
     TFRecordSource(out).close()
     code, report = inspect_json(capsys, str(out))

@@ -459,11 +459,28 @@ def make_shortcut(kind: str, root) -> list[str]:
     if kind == "csv":
         (root / "t.csv").write_text("a,b\n" + "".join(f"{i},{i * 2}\n" for i in range(6)))
         return ["--csv", str(root / "t.csv"), "--x", "a", "--y", "b"]
+    if kind == "parquet":
+        pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+        pq.write_table(pa.table({"a": np.arange(6.0), "b": np.arange(6)}), root / "t.parquet", row_group_size=4)
+        return ["--parquet", str(root / "t.parquet"), "--x", "a", "--y", "b"]
+    if kind == "webdataset":
+        import tarfile
+        with tarfile.open(root / "shard-000.tar", "w") as tar:  # Python's own tar writer
+            for i in range(6):
+                for ext in ("cls", "txt"):
+                    (root / f"{i:03d}.{ext}").write_bytes(b"%d" % i)
+                    tar.add(root / f"{i:03d}.{ext}", arcname=f"{i:03d}.{ext}")
+        return ["--webdataset", str(root / "shard-000.tar")]
+    if kind == "tfrecord-gzip":
+        from steadyfeed.sources.tfrecord import encode_example, infer_specs
+        records = [encode_example(s, infer_specs(s)) for s in ({"x": np.full(2, i, np.float32)} for i in range(6))]
+        return ["--tfrecord", str(messy.gzip_tfrecord(root / "g.tfrecord.gz", records)), "--feature", "x=float32:2"]
     pack([{"x": np.full(2, i, np.float32)} for i in range(6)], root / "source", progress=False)
     return ["--tfrecord", str(root / "source")]
 
 
-@pytest.mark.parametrize("kind", ["images", "npy-pairs", "npy", "hdf5", "csv", "tfrecord"])
+@pytest.mark.parametrize("kind", ["images", "npy-pairs", "npy", "hdf5", "csv", "tfrecord", "tfrecord-gzip", "parquet",
+                                  "webdataset"])
 def test_every_spec_shortcut_packs(tmp_path, kind, capsys, no_leaks):
     argv = make_shortcut(kind, tmp_path)
     assert main(["pack", *argv, str(tmp_path / "out"), "--no-progress", "--workers", "2"]) == 0

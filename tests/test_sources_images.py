@@ -282,3 +282,34 @@ def test_fingerprint_changes_with_files_and_settings(tmp_path):
     assert ImageFolder(tmp_path, size=(2, 2)).fingerprint() != before
     os.utime(path, ns=(1, 1))
     assert ImageFolder(tmp_path).fingerprint() != before
+
+
+class EncodedImages:
+    """An ImageFolder's files as stored (the README's recipe): bytes and label, not pixels."""
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    def __len__(self):
+        return len(self.folder)
+
+    def __getitem__(self, i):
+        with open(self.folder.files[i], "rb") as f:
+            return {"image/encoded": f.read(), "image/class/label": self.folder.labels[i]}
+
+
+def test_an_image_folder_packed_as_encoded_records_decodes_back_to_its_own_samples(tmp_path):
+    import messy
+    from steadyfeed import TFRecordSource, decode_image, pack
+
+    folder = ImageFolder(messy.image_tree(tmp_path / "tree", per_class=3), size=(12, 16))
+    src = TFRecordSource(pack(EncodedImages(folder), tmp_path / "packed", progress=False))
+    assert src.specs["image/encoded"].dtype == "bytes" and len(src) == len(folder)
+    for i in range(len(folder)):
+        np.testing.assert_array_equal(decode_image(src[i]["image/encoded"], size=(12, 16)), folder[i]["x"])
+        assert src[i]["image/class/label"] == folder[i]["y"]
+    with pytest.raises(DataError, match="image bytes: empty"):
+        decode_image(b"")
+    with pytest.raises(TypeError, match="takes the encoded bytes"):
+        decode_image(folder.files[0])  # a path is ImageFolder's job
+    src.close()

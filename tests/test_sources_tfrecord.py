@@ -19,7 +19,7 @@ from steadyfeed.sources.tfrecord import (
 
 from helpers import assert_paired, epoch_digest, errors_in_threads, paired_source
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(120)  # the TF-written fixture imports TensorFlow (seconds; more on a loaded machine)
 
 N = 300
 MODES = [(2, "thread"), (2, "process")]
@@ -147,8 +147,9 @@ def test_a_subset_of_keys_can_be_read_and_specs_are_parsed(foreign):
     assert FeatureSpec.parse("k", {"dtype": "<i8", "shape": []}) == FeatureSpec("int64", ())
     assert FeatureSpec.parse("k", (np.uint8, 5)) == FeatureSpec("uint8", (5,))
     assert FeatureSpec.parse("k", "str") == FeatureSpec("str")
+    assert FeatureSpec.parse("k", ("int64", (-1,))) == FeatureSpec.parse("k", ("int64", (None,)))  # numpy's -1
     with pytest.raises(ValueError, match="feature 'k': cannot read spec"):
-        FeatureSpec.parse("k", ("float32", (-1,)))
+        FeatureSpec.parse("k", ("float32", (-2,)))
     with pytest.raises(ValueError, match="feature 'k': cannot read spec"):
         FeatureSpec.parse("k", ("no-such-dtype", ()))
 
@@ -156,8 +157,8 @@ def test_a_subset_of_keys_can_be_read_and_specs_are_parsed(foreign):
 # -- the offset index ------------------------------------------------------------------------------
 def count_scans(monkeypatch) -> list:
     calls = []
-    real = tfrecord.scan
-    monkeypatch.setattr(tfrecord, "scan", lambda path: calls.append(path) or real(path))
+    real = tfrecord.scan_records
+    monkeypatch.setattr(tfrecord, "scan_records", lambda fd, name, size: calls.append(name) or real(fd, name, size))
     return calls
 
 
@@ -302,16 +303,22 @@ def test_corrupt_length_crc_is_caught_on_read_and_when_indexing(packed):
     src.close()
 
 
-def test_truncated_file_is_reported_when_indexing(foreign):
+def test_a_truncated_file_reads_its_good_records_then_names_the_cut(foreign):
     path = str(foreign / "a.tfrecord")
     rows = scan(path)
     os.truncate(path, int(rows[9, 0]) + 20)
+    src = TFRecordSource(path, features=FOREIGN)
+    assert len(src) == 10 and [int(src[i]["y"]) for i in range(9)] == [i * 10 for i in range(9)]
+    assert src.locate(9) == f"{path} record 9 at byte {rows[9, 0]}"
     with pytest.raises(DataError, match=rf"a.tfrecord is truncated or damaged: record 9 at byte {rows[9, 0]} "
-                                        rf"declares {rows[9, 1]} data bytes but only 4 remain"):
-        TFRecordSource(path, features=FOREIGN)
+                                        rf"declares {rows[9, 1]} data bytes but only 4 remain; the 9 record\(s\) "
+                                        rf"before it read"):
+        src[9]
     os.truncate(path, int(rows[9, 0]) + 5)
     with pytest.raises(DataError, match="ends inside the header of record 9"):
-        TFRecordSource(path, features=FOREIGN)
+        TFRecordSource(path, features=FOREIGN)[9]
+    with pytest.raises(DataError, match="ends inside the header of record 9"):
+        scan(path)  # the strict scan still refuses the file
 
 
 def test_truncated_after_indexing_is_reported_on_read(foreign):
@@ -348,8 +355,9 @@ def test_missing_feature_names_file_record_and_key(foreign):
 
 @pytest.mark.parametrize("key,spec,expected,found", [
     ("x", ("float32", (2, 2)), "expected float32 (2, 2)", "found float_list with 6 value(s)"),
-    ("x", ("float64", (2, 3)), "expected float64 (2, 3)", "found float_list with 6 value(s)"),
-    ("y", ("int32", ()), "expected int32 ()", "found int64_list with 1 value(s)"),
+    ("x", ("float32", ()), "expected float32 ()", "found float_list with 6 value(s); declare ('float32', (None,))"),
+    ("x", ("float64", (4,)), "expected float64 (4,)", "found float_list with 6 value(s)"),
+    ("y", ("bool", ()), "value 40 (at index 0) does not fit bool (0..1)", "declare a wider dtype"),
     ("z", ("uint16", (5,)), "expected uint16 (5,): one bytes_list value of 10 raw bytes",
      "found a bytes_list value of 8 bytes"),
 ])
@@ -378,8 +386,6 @@ def test_missing_files_empty_globs_and_missing_features(tmp_path, foreign):
         TFRecordSource(str(tmp_path / "*.rec"), features=FOREIGN)
     with pytest.raises(DataError, match="empty list of files"):
         TFRecordSource([], features=FOREIGN)
-    with pytest.raises(ValueError, match="needs features="):
-        TFRecordSource(str(foreign / "a.tfrecord"))
     with pytest.raises(DataError, match="has no manifest.json"):
         TFRecordSource(str(foreign))
     not_tfrecord = tmp_path / "image.jpg"
@@ -431,4 +437,174 @@ def test_reads_files_written_by_tensorflow(tmp_path):
     src = TFRecordSource(path, features={"x": ("float32", (2,)), "y": ("int64", ()), "s": "str"})
     assert [(s["x"].tolist(), int(s["y"]), s["s"]) for s in (src[i] for i in range(5))] == \
         [([i, i + 0.5], i, f"n{i}") for i in range(5)]
+    src.close()
+
+
+# -- files TensorFlow writes: every compression, ImageNet-style Examples, a cut tail ------------------
+TF_RECORDS = 24
+COMPRESSIONS = ["", "GZIP", "ZLIB"]
+
+
+def png_bytes(i: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(np.full((6, 8, 3), i, np.uint8)).save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tf_written(tmp_path_factory):
+    """One file per compression, written once by tf.io.TFRecordWriter (importing TensorFlow costs
+    seconds): ImageNet-style features, a variable-length list, a feature missing from odd records."""
+    tf = pytest.importorskip("tensorflow", reason="tensorflow is not installed", exc_type=ImportError)
+    pytest.importorskip("PIL")
+    root = tmp_path_factory.mktemp("tf_written")
+    for compression in COMPRESSIONS:
+        options = tf.io.TFRecordOptions(compression_type=compression)
+        with tf.io.TFRecordWriter(str(root / f"train-{compression or 'NONE'}.tfrecord"), options) as writer:
+            for i in range(TF_RECORDS):
+                feature = {"image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[png_bytes(i)])),
+                           "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 5])),
+                           "tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=list(range(i % 4)))),
+                           "box": tf.train.Feature(float_list=tf.train.FloatList(value=[i, 0.5, 1, 2]))}
+                if i % 2 == 0:
+                    feature["weight"] = tf.train.Feature(float_list=tf.train.FloatList(value=[i / 10]))
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    return root
+
+
+@pytest.fixture
+def tf_copy(tf_written, tmp_path):
+    """A private copy of the TF-written files (tests cut and index them)."""
+    for path in tf_written.glob("*.tfrecord"):
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    return tmp_path
+
+
+def decode_to_xy(sample: dict, rng) -> dict:  # module level: process workers import it
+    from steadyfeed import decode_image
+
+    return {"x": decode_image(sample["image/encoded"]), "y": sample["image/class/label"], "tokens": sample["tokens"]}
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_reads_what_tensorflow_writes_with_every_compression_inferring_the_features(tf_copy, compression):
+    path = str(tf_copy / f"train-{compression or 'NONE'}.tfrecord")
+    src = TFRecordSource(path)
+    assert src.compressions == [compression]
+    assert src.specs == {"box": FeatureSpec("float32", (4,)), "image/class/label": FeatureSpec("int64", ()),
+                         "image/encoded": FeatureSpec("bytes"), "tokens": FeatureSpec("int64", (None,)),
+                         "weight": FeatureSpec("float32", ())}
+    assert TFRecordSource(path, compression=compression or "NONE").compressions == [compression]  # given
+    for i in (0, 7, TF_RECORDS - 1):  # random access, in any order
+        sample = TFRecordSource(path, features={k: v for k, v in src.specs.items() if k != "weight"})[i]
+        assert sample["image/encoded"] == png_bytes(i) and int(sample["image/class/label"]) == i % 5
+        assert sample["tokens"].tolist() == list(range(i % 4)) and sample["box"].tolist() == [i, 0.5, 1, 2]
+    with pytest.raises(DataError, match=r"record 1 at byte \d+ of .*feature 'weight' is missing .*defaults="):
+        src[1]
+    with_default = TFRecordSource(path, defaults={"weight": -1.0})
+    assert float(with_default[1]["weight"]) == -1 and float(with_default[2]["weight"]) == pytest.approx(0.2)
+    if compression:
+        assert os.path.exists(path + ".sfraw") and src.locate(3).endswith("of its decompressed stream")
+    src.close()
+    with_default.close()
+
+
+def test_a_wrong_compression_is_named(tf_copy):
+    with pytest.raises(DataError, match=r"it is GZIP-compressed .*compression='GZIP' or compression=None"):
+        TFRecordSource(str(tf_copy / "train-GZIP.tfrecord"), compression="NONE")
+    with pytest.raises(DataError, match=r"the ZLIB stream of .*train-GZIP.tfrecord is corrupt"):
+        TFRecordSource(str(tf_copy / "train-GZIP.tfrecord"), compression="ZLIB")
+    with pytest.raises(ValueError, match="compression must be"):
+        TFRecordSource(str(tf_copy / "train-GZIP.tfrecord"), compression="bz2")
+
+
+def test_the_decompressed_copy_is_made_once_and_again_when_the_file_changes(tf_copy, monkeypatch):
+    path = str(tf_copy / "train-GZIP.tfrecord")
+    made = []
+    real = tfrecord.decompress
+    monkeypatch.setattr(tfrecord, "decompress", lambda *a: made.append(a[0]) or real(*a))
+    TFRecordSource(path).close()
+    TFRecordSource(path).close()
+    assert made == [path]
+    os.utime(path, ns=(0, 10**9))  # rewritten in place
+    TFRecordSource(path).close()
+    assert made == [path, path]
+    os.unlink(path + ".sfraw")  # the copy removed: made again, never read stale
+    assert int(TFRecordSource(path, features={"image/class/label": "int64"})[5]["image/class/label"]) == 0
+    assert len(made) == 3
+
+
+@pytest.mark.parametrize("workers,mode", [(2, "thread"), (2, "process")])
+def test_compressed_records_are_read_once_and_bit_identical_across_workers_and_modes(tf_copy, workers, mode,
+                                                                                     no_leaks):
+    def run(w, m):
+        src = TFRecordSource(str(tf_copy / "train-ZLIB.tfrecord"), defaults={"weight": 0.0})  # odd records lack it
+        with Loader(src, 5, transform=decode_to_xy, collate="pad", shuffle=True, seed=4, workers=w, mode=m,
+                    with_ids=True) as loader:
+            return list(loader)
+
+    batches = run(workers, mode)
+    assert sorted(np.concatenate([b["id"] for b in batches]).tolist()) == list(range(TF_RECORDS))
+    for b in batches:
+        assert (b["x"][:, 0, 0, 0] == b["id"]).all() and (b["y"] == b["id"] % 5).all()
+        assert (b["tokens_shape"][:, 0] == b["id"] % 4).all()
+    assert epoch_digest(batches) == epoch_digest(run(0, "thread"))
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_a_cut_tail_reads_every_good_record_then_raises_or_is_quarantined(tf_copy, compression, no_leaks):
+    path = tf_copy / f"train-{compression or 'NONE'}.tfrecord"
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) - 30])  # inside the last record (and the stream's trailer)
+    src = TFRecordSource(str(path), features={"image/class/label": "int64"})
+    good = len(src) - 1
+    assert TF_RECORDS - 3 <= good < TF_RECORDS  # what tf.data reads before its DataLossError
+    assert [int(src[i]["image/class/label"]) for i in range(good)] == [i % 5 for i in range(good)]
+    what = "ends before its end marker" if compression else "is truncated"
+    with pytest.raises(DataError, match=rf"{what}.*; the {good} record\(s\) before it read"):
+        src[good]
+    src.close()
+    with Loader(TFRecordSource(str(path), features={"image/class/label": "int64"}), 4, workers=2, mode="process",
+                with_ids=True) as loader:
+        seen = []
+        with pytest.raises(SampleError) as info:
+            for batch in loader:
+                seen += batch["id"].tolist()
+    assert seen == list(range(good // 4 * 4)) and info.value.sample_id == good and str(path) in info.value.location
+    with Loader(TFRecordSource(str(path), features={"image/class/label": "int64"}), 4, workers=2, mode="thread",
+                on_error="skip", with_ids=True) as loader:
+        ids = np.concatenate([b["id"] for b in loader]).tolist()
+        report = loader.quarantine_report()
+    assert ids == list(range(good)) and [(e["sample_id"], e["location"].split(" record ")[0]) for e in report] == \
+        [(good, str(path))]
+
+
+def test_int_casts_are_checked_and_name_the_record(tf_copy):
+    src = TFRecordSource(str(tf_copy / "train-NONE.tfrecord"),
+                         features={"image/class/label": ("uint8", ()), "tokens": ("int8", (-1,))})
+    assert src[3]["image/class/label"].dtype == np.uint8 and src[3]["tokens"].tolist() == [0, 1, 2]
+    narrow = TFRecordSource(str(tf_copy / "train-NONE.tfrecord"), features={"box": ("int8", (4,))})
+    with pytest.raises(DataError, match="feature 'box': expected int8"):
+        narrow[0]  # a float_list is never cast to an integer
+    path = write_file(tf_copy / "big.tfrecord", [example(v=("int64_list", [1, 2**40]))])
+    with pytest.raises(DataError, match=r"record 0 at byte 0 of .*big.tfrecord: feature 'v': value 1099511627776 "
+                                        r"\(at index 1\) does not fit int32"):
+        TFRecordSource(path, features={"v": ("int32", (2,))})[0]
+
+
+def test_decode_image_decodes_image_encoded_as_image_folder_decodes_the_file(tf_copy, tmp_path):
+    from steadyfeed import decode_image
+    from steadyfeed.sources.images import ImageReader
+
+    src = TFRecordSource(str(tf_copy / "train-GZIP.tfrecord"), features={"image/encoded": "bytes"})
+    (tmp_path / "img.png").write_bytes(src[9]["image/encoded"])
+    for size, channels in ((None, 3), ((3, 4), 1)):
+        np.testing.assert_array_equal(decode_image(src[9]["image/encoded"], size, channels),
+                                      ImageReader(size, channels).load(tmp_path / "img.png"))
+    with pytest.raises(DataError, match="record 9: not a decodable image"):
+        decode_image(src[9]["image/encoded"][:30], where="record 9")
     src.close()

@@ -16,6 +16,9 @@ from .tfrecord import TFRecordSource
 OPTIONAL = {
     "Hdf5Source": ".hdf5",
     "ImageFolder": ".images",
+    "decode_image": ".images",
+    "ParquetSource": ".parquet",
+    "WebDatasetSource": ".webdataset",
 }
 
 __all__ = ["ArraySource", "CsvSource", "DiskCache", "MemoryCache", "NpyArray", "NpyPairs", "Source", "TFRecordSource", "read_npy", *OPTIONAL]

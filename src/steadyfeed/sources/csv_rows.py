@@ -11,6 +11,18 @@ Keys are named after the keyword arguments that select them::
 
     CsvSource("train.csv", x=["a", "b", "c"], y="label", dtypes={"y": "int64"})
     # sample i: {"x": float32 array of shape (3,), "y": int64 scalar}
+    CsvSource("pets.csv", x=["w", "h"], y="species", dtypes={"y": "class"})
+    # "y": the int64 class id of the species name; source.classes: the names, sorted
+
+Files as ``pandas.DataFrame.to_csv`` writes them read as pandas reads them: a missing value
+(an empty field, or one of pandas' default NA strings, ``NA_VALUES``: "NA", "NaN", "null",
+"N/A", ...) is NaN in a float key; in an integer or class key it is an error naming the row
+and column unless ``fill={key: value}`` gives its value (``fill`` also replaces the NaN of a
+float key); an integer written as a float ("3.0", as pandas writes an int column holding
+NaN) reads as that integer, a fraction does not. A class key (dtype "class", or "str")
+reads text labels as int64 ids: the distinct names of its columns (missing values aside),
+sorted, are ids 0, 1, ... (``classes``, ``class_to_label``, as :class:`ImageFolder`), found
+in one pass over the file when the source is made.
 
 Guarantees:
 
@@ -31,13 +43,14 @@ Latin-1, cp1252). A UTF-8 byte-order mark is skipped. The csv module's per-field
 """
 from __future__ import annotations
 
+import bisect
 import codecs
 import csv
 import hashlib
 import io
 import os
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -51,6 +64,11 @@ _HEAD = 3  # payload words ahead of the offsets: rows, line0, has lines
 _CHUNK = 1 << 24  # bytes per numpy pass of the quote-free scan: bounds its temporary memory
 _BOM = codecs.BOM_UTF8
 _MAX_SHOWN = 40  # characters of a bad value quoted in an error message
+# pandas.read_csv's default missing-value strings (its documented na_values defaults)
+NA_VALUES = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
+                       "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"})
+CLASS_DTYPES = ("class", "str")  # a key of text labels, read as int64 class ids
+_CLASS_ROWS_PER_READ = 4096
 
 
 @dataclass(frozen=True)
@@ -236,12 +254,19 @@ def _read_header(path: str, dialect: _Dialect) -> tuple[list[str] | None, int, i
 
 @dataclass(frozen=True)
 class _Key:
-    """One key of a sample: the fields it reads, their names, its dtype, vector or scalar."""
+    """One key of a sample: the fields it reads, their names, its dtype, vector or scalar; a
+    class key's names (``classes``: its dtype is int64); the value of a missing field, if any."""
 
     fields: tuple
     names: tuple
     dtype: np.dtype
     vector: bool
+    labels: bool = False  # a class key
+    classes: tuple = ()
+    fill: object = None  # np.ndarray of dtype, 0-d, or None
+
+    def describe(self) -> str:
+        return "class names" if self.labels else str(self.dtype)
 
 
 _ONE = (str, int, np.integer)  # selects one column: a scalar key
@@ -258,13 +283,15 @@ def _select(path: str, keys: dict, dtypes: dict, names: list[str] | None, nfield
     if missing:
         raise DataError(f"{path}: expected columns {missing} in the header, available: {names}"
                         if names is not None else f"{path}: columns {missing} are names, which need header=True")
-    return {key: _key(path, key, cols, np.dtype(dtypes.get(key, "float32")), names, nfields)
-            for key, cols in keys.items()}
+    return {key: _key(path, key, cols, dtypes.get(key, "float32"), names, nfields) for key, cols in keys.items()}
 
 
-def _key(path: str, key: str, cols, dtype: np.dtype, names, nfields: int) -> _Key:
+def _key(path: str, key: str, cols, dtype, names, nfields: int) -> _Key:
+    labels = isinstance(dtype, str) and dtype in CLASS_DTYPES
+    dtype = np.dtype("int64" if labels else dtype)
     if dtype.kind not in "iuf":
-        raise ValueError(f"key {key!r}: dtype must be an integer or float type, got {dtype}")
+        raise ValueError(f"key {key!r}: dtype must be an integer or float type, or 'class' for text labels, "
+                         f"got {dtype}")
     vector = not isinstance(cols, _ONE)
     cols = list(cols) if vector else [cols]
     if not cols:
@@ -281,7 +308,15 @@ def _key(path: str, key: str, cols, dtype: np.dtype, names, nfields: int) -> _Ke
         else:
             raise DataError(f"{path}: key {key!r}: expected a column name or a position 0..{nfields - 1}, got {c!r}")
     shown = tuple(names[f] if names else f"field {f + 1}" for f in fields)
-    return _Key(tuple(fields), shown, dtype, vector)
+    return _Key(tuple(fields), shown, dtype, vector, labels)
+
+
+def _number(value: str) -> float | None:
+    """``value`` as a float, or None when it is no number at all (text)."""
+    try:
+        return float(value)
+    except ValueError:
+        return None
 
 
 # -- the source ---------------------------------------------------------------------------------
@@ -307,19 +342,21 @@ class _Opener:
 class CsvSource:
     """Random access to the rows of a CSV file; see the module docstring for the guarantees.
 
-    ``CsvSource(path, *, dtypes=None, header=True, delimiter=",", quotechar='"',
-    escapechar=None, encoding="utf-8", cache_dir=None, max_row_bytes=2**20, **keys)``
+    ``CsvSource(path, *, dtypes=None, fill=None, na_values=NA_VALUES, header=True, delimiter=",",
+    quotechar='"', escapechar=None, encoding="utf-8", cache_dir=None, max_row_bytes=2**20, **keys)``
 
     Each keyword in ``keys`` names a key of the sample; its value selects columns by
     header name or 0-based position. A list gives a vector (shape ``(k,)``), a single
-    column a scalar. ``dtypes`` maps keys to integer or float dtypes (default float32).
+    column a scalar. ``dtypes`` maps keys to integer or float dtypes (default float32), or
+    "class" for text labels read as class ids. ``fill`` maps keys to the value a missing
+    field takes; ``na_values`` are the strings that are missing (pandas' defaults).
     The option names above cannot be keys. ``cache_dir`` holds the index when the
     data's directory is read-only; when the index cannot be saved at all, a warning
     says so and the index travels to worker processes in the pickle.
     """
 
-    def __init__(self, path, /, *, dtypes=None, header=True, delimiter=",", quotechar='"', escapechar=None,
-                 encoding="utf-8", cache_dir=None, max_row_bytes=1 << 20, **keys):
+    def __init__(self, path, /, *, dtypes=None, fill=None, na_values=NA_VALUES, header=True, delimiter=",",
+                 quotechar='"', escapechar=None, encoding="utf-8", cache_dir=None, max_row_bytes=1 << 20, **keys):
         self.path = os.fspath(path)
         self.dialect = _Dialect(delimiter, quotechar, escapechar, encoding, bool(header), int(max_row_bytes))
         st = os.stat(self.path)
@@ -327,6 +364,7 @@ class CsvSource:
         self._field_origin = "as in the header" if header else "as in the first row"
         self.columns = names  # the header's column names (None without a header)
         self.keys = _select(self.path, keys, dict(dtypes or {}), names, self._nfields)
+        self.na_values = frozenset(na_values)
         self._stamp = index_cache.file_stamp(st, FORMAT_VERSION, self.dialect.digest(), start)
         self._span = (start, st.st_size)  # where the rows lie
         self._cache = index_cache.cache_path(self.path, cache_dir)
@@ -334,6 +372,47 @@ class CsvSource:
         self._index = self._build(st, line) if index is None else index
         self._len = len(self._index)
         self._handles = LazyHandles(_Opener(self.path, st.st_size, st.st_mtime_ns), os.close)
+        self.keys = {key: self._finish_key(key, sel, (fill or {}).get(key)) for key, sel in self.keys.items()}
+        unknown = sorted(set(fill or {}) - set(self.keys))
+        if unknown:
+            raise ValueError(f"fill names {unknown}, which are not keys; fill is per key, keys are {sorted(self.keys)}")
+
+    def _finish_key(self, key: str, sel: _Key, fill) -> _Key:
+        """``sel`` with its class names (one pass over its columns) and its fill value, checked."""
+        classes = self._class_names(sel) if sel.labels else ()
+        if fill is not None:
+            try:
+                fill = np.array(fill, dtype=sel.dtype)
+            except (ValueError, OverflowError, TypeError):
+                raise ValueError(f"fill[{key!r}] = {fill!r} is not a {sel.dtype} value") from None
+            if fill.ndim:
+                raise ValueError(f"fill[{key!r}] must be one value, got {fill.shape}")
+        return replace(sel, classes=classes, fill=fill)
+
+    def _class_names(self, sel: _Key) -> tuple:
+        names = set()
+        for start in range(0, self._len, _CLASS_ROWS_PER_READ):
+            ids = range(start, min(start + _CLASS_ROWS_PER_READ, self._len))
+            for i, fields in zip(ids, self.records(ids)):
+                self.check_fields(i, fields)
+                names.update(fields[f] for f in sel.fields)
+        return tuple(sorted(names - self.na_values))
+
+    @property
+    def classes(self) -> list[str] | None:
+        """The class names of the one class key (``dtypes={key: "class"}``), sorted: id ``k`` is
+        ``classes[k]``; None without a class key (several: see ``key_classes``)."""
+        found = self.key_classes
+        return next(iter(found.values())) if len(found) == 1 else None
+
+    @property
+    def class_to_label(self) -> dict[str, int] | None:
+        return None if self.classes is None else {name: k for k, name in enumerate(self.classes)}
+
+    @property
+    def key_classes(self) -> dict[str, list[str]]:
+        """Every class key's names."""
+        return {key: list(sel.classes) for key, sel in self.keys.items() if sel.labels}
 
     def _build(self, st: os.stat_result, line: int) -> _Index:
         """Index the file (as ``st`` describes it) and cache the index if it can be saved."""
@@ -424,29 +503,62 @@ class CsvSource:
 
     def _sample(self, i: int, fields: list[str]) -> dict:
         self.check_fields(i, fields)
-        return {key: self._value(i, fields, sel) for key, sel in self.keys.items()}
+        return {key: self._value(i, fields, key, sel) for key, sel in self.keys.items()}
 
-    def _value(self, i: int, fields: list[str], sel: _Key) -> np.ndarray:
+    def _value(self, i: int, fields: list[str], key: str, sel: _Key) -> np.ndarray:
         values = [fields[f] for f in sel.fields]
         try:
-            out = np.array(values, dtype=sel.dtype)
+            if sel.labels:
+                raise ValueError  # names, never numbers: the per-value path maps them
+            out = np.array(values, dtype=sel.dtype)  # the fast path: every value a plain number
         except (ValueError, OverflowError, FloatingPointError):
-            raise self._bad_value(i, values, sel) from None
+            out = np.array([self._one(i, value, name, key, sel) for value, name in zip(values, sel.names)],
+                           dtype=sel.dtype)
+        else:
+            if sel.fill is not None and sel.dtype.kind == "f":  # "nan" parsed as NaN: missing too
+                out[np.isnan(out)] = sel.fill
         return out if sel.vector else out.reshape(())
 
-    def _bad_value(self, i: int, values: list[str], sel: _Key) -> DataError:
-        """Names the first value that does not parse, by parsing them one at a time the same way."""
-        for value, name in zip(values, sel.names):
-            try:
-                np.array([value], dtype=sel.dtype)
-            except (ValueError, OverflowError, FloatingPointError) as exc:
-                shown = value if len(value) <= _MAX_SHOWN else value[:_MAX_SHOWN] + "..."
-                why = "" if type(exc) is ValueError else " (out of range)"
-                return DataError(f"{self.locate(i)}: column {name!r}: expected {sel.dtype}, found {shown!r}{why}")
-        return DataError(f"{self.locate(i)}: expected {sel.dtype} values in columns {list(sel.names)}")
+    def _one(self, i: int, value: str, name: str, key: str, sel: _Key):
+        """One field as ``sel`` reads it: a missing value, a class name, a number; else DataError."""
+        shown = value if len(value) <= _MAX_SHOWN else value[:_MAX_SHOWN] + "..."
+        if value in self.na_values:
+            if sel.fill is not None:
+                return sel.fill
+            if sel.dtype.kind == "f":
+                return np.nan
+            raise self._bad(i, name, f"missing value {shown!r}: {sel.describe()} has no NaN; pass "
+                                     f"fill={{{key!r}: value}} for missing values" +
+                            ("" if sel.labels else ", or read it as float32 (NaN)"))
+        if sel.labels:
+            at = bisect.bisect_left(sel.classes, value)
+            if at == len(sel.classes) or sel.classes[at] != value:
+                raise self._bad(i, name, f"{shown!r} is not one of the class names found when the source was made "
+                                         f"(did the file change?)")
+            return at
+        try:
+            return np.array([value], dtype=sel.dtype)[0]
+        except (ValueError, OverflowError, FloatingPointError) as exc:
+            number = _number(value)
+            if number is None:
+                raise self._bad(i, name, f"expected {sel.dtype}, found {shown!r}; text labels read as class ids "
+                                         f"with dtypes={{{key!r}: 'class'}}") from None
+            if type(exc) is not ValueError or not (sel.dtype.kind in "iu" and number.is_integer()):
+                why = " (out of range)" if type(exc) is not ValueError else ""
+                raise self._bad(i, name, f"expected {sel.dtype}, found {shown!r}{why}") from None
+        # an integer written as a float ("3.0": how pandas writes an int column that holds NaN)
+        info = np.iinfo(sel.dtype)
+        if not info.min <= number <= info.max:
+            raise self._bad(i, name, f"expected {sel.dtype}, found {shown!r} (out of range)")
+        return int(number)
+
+    def _bad(self, i: int, name: str, message: str) -> DataError:
+        return DataError(f"{self.locate(i)}: column {name!r}: {message}")
 
     def fingerprint(self) -> str:
-        selection = repr((self.dialect, sorted((k, v.fields, v.dtype.str, v.vector) for k, v in self.keys.items())))
+        selection = repr((self.dialect, sorted(self.na_values), sorted(
+            (k, v.fields, v.dtype.str, v.vector, v.classes, None if v.fill is None else v.fill.item())
+            for k, v in self.keys.items())))
         return hashlib.sha256((file_fingerprint([self.path]) + selection).encode()).hexdigest()
 
     def close(self) -> None:
@@ -462,5 +574,5 @@ class CsvSource:
         return state
 
     def __repr__(self) -> str:
-        keys = ", ".join(f"{k}={list(v.names) if v.vector else v.names[0]!r}:{v.dtype}" for k, v in self.keys.items())
+        keys = ", ".join(f"{k}={list(v.names) if v.vector else v.names[0]!r}:{v.describe()}" for k, v in self.keys.items())
         return f"CsvSource({self.path!r}, {keys}, rows={self._len})"

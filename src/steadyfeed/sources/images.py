@@ -7,6 +7,7 @@ subsampling), by Pillow.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
@@ -77,7 +78,16 @@ class ImageReader:
 
     def load(self, path) -> np.ndarray:
         """One image file decoded as this folder's samples are (any path, not only ours)."""
-        data = self._bytes(path)
+        return self.decode(self._bytes(path), path)
+
+    def decode(self, data: bytes, path="image bytes") -> np.ndarray:
+        """An encoded image (the bytes of a file) decoded as ``load`` decodes a file: the same
+        decoders, size, channels and refusals; ``path`` names it in errors."""
+        if not data:
+            raise DataError(f"{path}: empty (0 bytes); expected an encoded image")
+        if len(data) > self.max_bytes:
+            raise DataError(f"{path}: {len(data):,} bytes, more than max_bytes={self.max_bytes:,}; refused without "
+                            f"decoding")
         try:
             image = self._jpeg(data, path) if data[:2] == b"\xff\xd8" else None
             if image is None:
@@ -131,6 +141,28 @@ class ImageReader:
             image = image.resize(self.size[::-1], RESAMPLE)
         return np.array(image).reshape(image.height, image.width, self.channels)  # a writable copy
 
+
+
+@functools.lru_cache(maxsize=64)
+def _reader(size, channels: int, max_pixels: int, max_bytes: int) -> ImageReader:
+    return ImageReader(size, channels, max_pixels=max_pixels, max_bytes=max_bytes)
+
+
+def decode_image(data, size=None, channels: int = 3, *, max_pixels: int = MAX_PIXELS, max_bytes: int = MAX_BYTES,
+                 where: str = "image bytes") -> np.ndarray:
+    """Encoded image bytes (a JPEG, PNG, ... as stored in a TFRecord ``image/encoded`` feature, a
+    WebDataset member or a Parquet binary column) as a uint8 ``(h, w, channels)`` array, decoded
+    exactly as :class:`ImageFolder` decodes its files: libjpeg-turbo for JPEGs (GIL released),
+    Pillow for the rest, gray / RGBA / CMYK / 16-bit converted, ``size=(h, w)`` resized,
+    decompression bombs refused from the header (``max_pixels``), more than ``max_bytes``
+    refused. ``data``: bytes, bytearray, memoryview or a numpy bytes / uint8 array. A corrupt
+    or truncated image raises :class:`DataError`, naming ``where`` (e.g. the record)."""
+    if isinstance(data, np.ndarray):
+        data = data.tobytes() if data.dtype.kind in "uS" else data
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"decode_image takes the encoded bytes, got {type(data).__name__}")
+    size = None if size is None else tuple(size)
+    return _reader(size, channels, int(max_pixels), int(max_bytes)).decode(bytes(data), where)
 
 
 class ImageFolder(ImageReader):

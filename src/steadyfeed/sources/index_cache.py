@@ -31,13 +31,14 @@ SUFFIX = ".sfidx.npy"
 MAGIC = 0x5346_4944_58  # "SFIDX": the first stamp word, so another .npy never passes for an index
 
 
-def cache_path(path: str, cache_dir: str | os.PathLike | None = None) -> str:
+def cache_path(path: str, cache_dir: str | os.PathLike | None = None, suffix: str = SUFFIX) -> str:
     """Where the index of ``path`` lives: beside it, or in ``cache_dir`` under a name unique
-    to the file's absolute path (two ``data.csv`` in different folders never share one)."""
+    to the file's absolute path (two ``data.csv`` in different folders never share one).
+    ``suffix``: another file cached the same way (a compressed TFRecord's decompressed copy)."""
     if cache_dir is None:
-        return path + SUFFIX
+        return path + suffix
     tag = hashlib.sha256(os.path.abspath(path).encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    return os.path.join(os.fspath(cache_dir), f"{tag}-{os.path.basename(path)}{SUFFIX}")
+    return os.path.join(os.fspath(cache_dir), f"{tag}-{os.path.basename(path)}{suffix}")
 
 
 def file_stamp(st: os.stat_result, *words: int) -> tuple[int, ...]:

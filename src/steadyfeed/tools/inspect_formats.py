@@ -8,8 +8,14 @@ none writes anything (no index is cached beside the data).
   under ``collate="stack"`` when the lengths differ (the loader's own rule, ``layout_conflict``);
 * CSV: ``CsvSource``'s index and parser: rows, columns, each column's type and missing values;
   short or long rows and non-numbers in numeric columns are what a CsvSource refuses;
-* TFRecord: the framing and both CRCs of every record (``framing.scan`` / ``read_record``),
-  each Example's features: kinds and lengths, and the ``--feature`` flags that read them.
+* TFRecord (GZIP / ZLIB too, decompressed into a scratch directory): the framing and both
+  CRCs of every record (``framing.open_index`` / ``read_record``; a damaged tail is
+  unreadable, the records before it are read), each Example's features: kinds and lengths,
+  what ``TFRecordSource`` infers from the first records, and the ``--feature`` flags;
+* Parquet: the footer (rows, row groups), each column's type, nulls and how ``ParquetSource``
+  reads it; every row group decoded as the source decodes it;
+* tar shards: ``WebDatasetSource``'s member index: samples, the extensions and their sizes,
+  samples whose members differ from the others', a broken tar stream.
 """
 from __future__ import annotations
 
@@ -27,8 +33,9 @@ from ..errors import DataError
 from ..execution.batch import conflict_fix, layout_conflict
 
 HDF5_EXTENSIONS = (".h5", ".hdf5", ".he5")
+PARQUET_EXTENSIONS = (".parquet", ".parq", ".pq")
+TAR_EXTENSIONS = (".tar",)
 TFRECORD_EXTENSIONS = (".tfrecord", ".tfrecords", ".tfr")
-NA_TOKENS = frozenset({"", "na", "n/a", "nan", "null", "none"})  # compared in lower case
 CSV_ROWS_PER_READ = 4096
 HDF5_ROWS_PER_READ = 65536
 
@@ -152,13 +159,12 @@ class _Column:
 
 
 def _classify(column: _Column, i: int, value: str) -> None:
-    v = value.strip()
-    if v.lower() in NA_TOKENS:
+    from ..sources.csv_rows import NA_VALUES
+
+    if value in NA_VALUES:  # what CsvSource reads as missing: NaN in a float key
         column.missing += 1
-        if v.lower() == "nan":  # parses (as NaN): only missing; the others cannot be read as numbers
-            return
-        column.text.append((i, value))
         return
+    v = value.strip()
     try:
         float(v)
     except ValueError:
@@ -191,9 +197,16 @@ def probe_csv(path: str, name: str, info: FileInfo) -> None:
                                 f"column refuses the row") for i, value in column.text]
         info.refused += [(source.locate(i).replace(path, name, 1), why) for i, why in sorted(refused)]
         info.table = {"rows": len(source), "columns": [
-            {"name": c.name, "type": c.kind, "missing": c.missing,
-             "note": "CsvSource reads integer and float columns" if c.kind == "text" else ""} for c in columns]}
+            {"name": c.name, "type": c.kind, "missing": c.missing, "note": _csv_note(c)} for c in columns]}
         source.close()
+
+
+def _csv_note(column: _Column) -> str:
+    if column.kind == "text":
+        return "text: read it as class ids with --dtype KEY=class"
+    if column.kind == "int" and column.missing:
+        return "missing values: NaN as float32, or fill= for an integer key"
+    return ""
 
 
 # -- TFRecord --------------------------------------------------------------------------------------
@@ -220,44 +233,61 @@ class _Feature:
 
 
 def probe_tfrecord(path: str, name: str, info: FileInfo) -> None:
-    from ..sources.tfrecord import feature_kinds, read_record, scan
+    from ..sources.tfrecord import INFER_RECORDS, feature_kinds, infer_features, open_index, read_record
 
-    rows = scan(path)  # the framing of every record; a compressed file is named here
-    info.format = "tfrecord"
     features: dict[str, _Feature] = {}
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        for r, (offset, length) in enumerate(rows.tolist()):
-            try:
-                kinds = feature_kinds(read_record(fd, path, r, offset, length))
-            except DataError as exc:
-                info.unreadable.append((f"{name} record {r}", str(exc)))
-                continue
-            for key in kinds.keys() - features.keys():
-                features[key] = _Feature(missing=list(range(r)))  # not in the records before
-            for key, feature in features.items():
-                if key not in kinds:
-                    feature.missing.append(r)
+    first: list[bytes] = []
+    with tempfile.TemporaryDirectory() as scratch:  # the index (and a decompressed copy): not beside the data
+        index = open_index(path, None, scratch)
+        info.format = "tfrecord"
+        fd = os.open(index.data_path, os.O_RDONLY)
+        try:
+            for r, (offset, length) in enumerate(index.rows.tolist()):
+                try:
+                    data = read_record(fd, index.name, r, offset, length)
+                    kinds = feature_kinds(data)
+                except DataError as exc:
+                    info.unreadable.append((f"{name} record {r}", str(exc)))
                     continue
-                kind, count, size = kinds[key]
-                feature.kinds[kind] += 1
-                feature.values.append(count)
-                if size is not None:
-                    feature.bytes.append(size)
-    finally:
-        os.close(fd)
-    info.table = {"records": len(rows),
-                  "features": [_feature_row(key, f, len(rows)) for key, f in sorted(features.items())]}
+                if len(first) < INFER_RECORDS:
+                    first.append(data)
+                _tally(features, kinds, r)
+            if index.damaged:
+                info.unreadable.append((f"{name} record {len(index.rows)}", str(index.damage_error(fd))))
+        finally:
+            os.close(fd)
+    records = len(index.rows)
+    try:
+        inferred, notes = infer_features(first)
+    except DataError as exc:
+        inferred, notes = {}, [str(exc)]
+    info.notes += notes
+    info.table = {"records": records, "compression": index.compression or "none",
+                  "features": [_feature_row(key, f, records, inferred.get(key)) for key, f in sorted(features.items())]}
     info.table["read_with"] = " ".join(f"--feature {row['suggested']}" for row in info.table["features"])
     info.refused += [(f"{name} feature {key!r}", why) for key, f in sorted(features.items())
                      if (why := _feature_refusal(key, f))]
+
+
+def _tally(features: dict[str, _Feature], kinds: dict, r: int) -> None:
+    for key in kinds.keys() - features.keys():
+        features[key] = _Feature(missing=list(range(r)))  # not in the records before
+    for key, feature in features.items():
+        if key not in kinds:
+            feature.missing.append(r)
+            continue
+        kind, count, size = kinds[key]
+        feature.kinds[kind] += 1
+        feature.values.append(count)
+        if size is not None:
+            feature.bytes.append(size)
 
 
 def _span(values: list) -> str:
     return "-" if not values else str(values[0]) if min(values) == max(values) else f"{min(values)}..{max(values)}"
 
 
-def _feature_row(key: str, f: _Feature, records: int) -> dict:
+def _feature_row(key: str, f: _Feature, records: int, inferred=None) -> dict:
     kind = f.kinds.most_common(1)[0][0] if f.kinds else "empty"
     dtype = _DTYPES.get(kind, "bytes")
     varying = len(set(f.values)) > 1
@@ -269,7 +299,8 @@ def _feature_row(key: str, f: _Feature, records: int) -> dict:
         suggested = f"{key}={dtype}{shape}"
         note = f"{_span(f.values)} values: read it with --feature {suggested} and --collate pad" if varying else ""
     return {"feature": key, "kind": "/".join(sorted(f.kinds)) or kind, "values": _span(f.values),
-            "bytes": _span(f.bytes), "records": records - len(f.missing), "suggested": suggested, "note": note}
+            "bytes": _span(f.bytes), "records": records - len(f.missing),
+            "inferred": inferred.describe() if inferred is not None else "-", "suggested": suggested, "note": note}
 
 
 def _feature_refusal(key: str, f: _Feature) -> str | None:
@@ -281,3 +312,71 @@ def _feature_refusal(key: str, f: _Feature) -> str | None:
         return (f"feature {key!r} is missing from {len(f.missing)} record(s) ({shown}): a TFRecordSource "
                 f"reading it refuses them")
     return None
+
+
+# -- Parquet ----------------------------------------------------------------------------------------
+def probe_parquet(path: str, name: str, info: FileInfo) -> None:
+    from ..sources.parquet import ParquetSource, _column, _pyarrow
+
+    pq = _pyarrow().parquet
+    meta = pq.read_metadata(path)
+    schema = meta.schema.to_arrow_schema()
+    info.format = "parquet"
+    rows, readable = [], []
+    for c, field_ in enumerate(schema):
+        nulls = [meta.row_group(g).column(c).statistics for g in range(meta.num_row_groups)]
+        counted = [s.null_count for s in nulls if s is not None and s.has_null_count]
+        try:
+            column = _column(field_.name, field_.type)
+            note = {"number": "a scalar", "fixed": f"an array {column.shape}", "list": "1-D, any length (collate pad)",
+                    "string": "str", "binary": "bytes"}[column.kind]
+            readable.append(field_.name)
+        except DataError as exc:
+            note = f"not read: {str(exc).split(': ', 1)[-1]}"
+        rows.append({"name": field_.name, "type": str(field_.type),
+                     "nulls": sum(counted) if len(counted) == len(nulls) else "?", "note": note})
+        info.shapes[field_.name] = str(field_.type)
+    info.table = {"rows": meta.num_rows, "row_groups": meta.num_row_groups, "columns": rows}
+    if readable:
+        source = ParquetSource(path, **{c: c for c in readable})
+        try:
+            for g in range(meta.num_row_groups):  # each decoded as the source decodes it
+                try:
+                    source._load(g)
+                except DataError as exc:
+                    info.unreadable.append((f"{name} row group {g}", str(exc)))
+        finally:
+            source.close()
+
+
+# -- WebDataset tar shards ----------------------------------------------------------------------------
+def probe_tar(path: str, name: str, info: FileInfo) -> None:
+    from ..sources.webdataset import WebDatasetSource
+
+    with tempfile.TemporaryDirectory() as scratch:
+        source = WebDatasetSource(path, cache_dir=scratch)
+        info.format = "webdataset"
+        sizes: dict[str, list[int]] = {}
+        layouts: Counter = Counter()
+        per_sample: dict[int, tuple] = {}
+        for i in range(len(source)):
+            try:
+                members = source.members(i)
+            except DataError as exc:
+                info.unreadable.append((source.locate(i).replace(path, name, 1), str(exc)))
+                continue
+            for ext, (_, size) in members.items():
+                sizes.setdefault(ext, []).append(size)
+            per_sample[i] = tuple(sorted(members))
+            layouts[per_sample[i]] += 1
+        source.close()
+        if layouts:
+            common, count = layouts.most_common(1)[0]
+            for i, exts in per_sample.items():
+                if exts != common:
+                    info.refused.append((source.locate(i).replace(path, name, 1),
+                                         f"members {list(exts)} where {count} samples have {list(common)}: a "
+                                         f"WebDatasetSource reading every member gives it other keys (choose them "
+                                         f"with keys=)"))
+        info.table = {"samples": len(per_sample), "members": [
+            {"extension": ext, "samples": len(v), "bytes": _span(sorted(v))} for ext, v in sorted(sizes.items())]}

@@ -52,8 +52,8 @@ from ..sources.base import locate
 from ..units import human_bytes
 from .audit import scan_source
 from .inspect_formats import (
-    HDF5_EXTENSIONS, FileInfo, looks_like_tfrecord, probe_csv, probe_hdf5, probe_image, probe_npy, probe_tfrecord,
-    refusal, shape_text,
+    HDF5_EXTENSIONS, PARQUET_EXTENSIONS, TAR_EXTENSIONS, FileInfo, looks_like_tfrecord, probe_csv, probe_hdf5,
+    probe_image, probe_npy, probe_parquet, probe_tar, probe_tfrecord, refusal, shape_text,
 )
 from .tables import table
 
@@ -61,6 +61,7 @@ FORMAT = "steadyfeed.inspect/2"
 LISTED = 1000  # items kept per list in as_dict (counts are always complete)
 SHOWN = 10  # items shown per list in text
 INDEX_CACHE = ".sfidx.npy"
+RAW_COPY = ".sfraw"  # framing.RAW_SUFFIX (not imported: TFRecord support is optional)
 
 __all__ = ["InspectReport", "inspect_files", "inspect_loader", "list_files", "probe", "shape_text", "size_summary"]
 
@@ -173,7 +174,9 @@ def _size_lines(summary: dict) -> list[str]:
 _TABLES = {  # format -> (the list in its table, the columns shown)
     "csv": ("columns", ["name", "type", "missing", "note"]),
     "hdf5": ("datasets", ["dataset", "shape", "dtype", "note"]),
-    "tfrecord": ("features", ["feature", "kind", "values", "bytes", "records", "note"]),
+    "tfrecord": ("features", ["feature", "kind", "values", "bytes", "records", "inferred", "note"]),
+    "parquet": ("columns", ["name", "type", "nulls", "note"]),
+    "webdataset": ("members", ["extension", "samples", "bytes"]),
 }
 
 
@@ -181,7 +184,10 @@ def _table_lines(tables: dict[str, dict]) -> list[str]:
     lines = []
     for name, summary in list(tables.items())[:SHOWN]:
         what, columns = _TABLES[summary["format"]]
-        counts = ", ".join(f"{summary[k]} {k}" for k in ("rows", "records") if k in summary)
+        counts = ", ".join(f"{summary[k]} {k.replace('_', ' ')}" for k in ("rows", "row_groups", "records", "samples")
+                           if k in summary)
+        if summary.get("compression", "none") != "none":
+            counts += f", {summary['compression']}-compressed"
         lines.append(f"  {summary['format']:14}{name}{f': {counts}' if counts else ''}")
         lines += table(columns, [[str(row[c]) for c in columns] for row in summary[what]], indent=" " * 16,
                        numbers_right=True)
@@ -233,6 +239,8 @@ def _ignored_reason(path: str) -> str | None:
     """Why no source reads ``path`` as data, or None when one may."""
     if path.endswith(INDEX_CACHE):
         return "a steadyfeed index cache (rebuilt when stale), not data"
+    if path.endswith(RAW_COPY):
+        return "a steadyfeed decompressed copy of a compressed TFRecord file (rebuilt when stale), not data"
     if os.path.basename(path) == "manifest.json":
         return "the manifest of a pack output (TFRecordSource(DIR) reads it with the shards)"
     return None
@@ -255,6 +263,10 @@ def probe(path: str, name: str | None = None, *, reader: Any = None, decode: boo
             probe_hdf5(path, name, info, collate)
         elif ext == ".csv":
             probe_csv(path, name, info)
+        elif ext in PARQUET_EXTENSIONS:
+            probe_parquet(path, name, info)
+        elif ext in TAR_EXTENSIONS:
+            probe_tar(path, name, info)
         elif looks_like_tfrecord(path):
             probe_tfrecord(path, name, info)
         else:

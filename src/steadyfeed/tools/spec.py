@@ -7,7 +7,7 @@ source (``len`` + ``getitem``); ``steadyfeed pack`` also accepts an iterable of 
 
 Instead of a spec, the standard sources have shortcuts (``--npy-pairs IN LABELS``,
 ``--npy FILE``, ``--hdf5 FILE --key x=/images``, ``--images DIR``, ``--csv FILE --x COLS``,
-``--tfrecord GLOB``). Loader flags (``--batch-size``, ``--workers``, ``--shuffle``, ...)
+``--tfrecord GLOB``, ``--parquet PATH``, ``--webdataset SHARDS``). Loader flags (``--batch-size``, ``--workers``, ``--shuffle``, ...)
 build the Loader around a source, or override a returned Loader through ``replace``:
 only the flags given on the command line change anything.
 
@@ -135,16 +135,25 @@ def add_spec_arguments(parser: argparse.ArgumentParser, *, metavar: str = "SPEC"
     shortcuts.add_argument("--images", metavar="DIR", help="ImageFolder(DIR): DIR/<class>/<image files>")
     shortcuts.add_argument("--csv", metavar="FILE", help="CsvSource(FILE, x=--x, y=--y)")
     shortcuts.add_argument("--tfrecord", metavar="GLOB", help="TFRecordSource(GLOB): a pack output directory, or "
-                                                                 "TFRecord files with --feature")
+                                                                 "TFRecord files (GZIP/ZLIB detected), their features "
+                                                                 "inferred or named with --feature")
     shortcuts.add_argument("--feature", action="append", default=[], metavar="KEY=DTYPE[:SHAPE]",
                            help="--tfrecord: a feature to read, e.g. x=float32:28,28, y=int64, name=bytes, text=str, "
-                                "tokens=int64:? ('?': a dimension of any length; repeatable)")
+                                "tokens=int64:? ('?': a dimension of any length; repeatable; default: inferred from "
+                                "the first records)")
+    shortcuts.add_argument("--parquet", metavar="PATH", help="ParquetSource(PATH): a file, glob or directory; every "
+                                                              "column, or --x COLS (and --y COL)")
+    shortcuts.add_argument("--webdataset", metavar="SHARDS", help="WebDatasetSource(SHARDS): tar shards (a glob or "
+                                                                   "shard-{000..009}.tar); every member")
     shortcuts.add_argument("--key", action="append", default=[], metavar="NAME=WHERE",
                            help="a named array: a dataset path for --hdf5, a file for --npy (repeatable)")
-    shortcuts.add_argument("--x", metavar="COLS", help="--csv: comma-separated input columns (names or 0-based)")
-    shortcuts.add_argument("--y", metavar="COL", help="--csv: the label column")
+    shortcuts.add_argument("--x", metavar="COLS", help="--csv, --parquet: comma-separated input columns (--csv: "
+                                                        "names or 0-based)")
+    shortcuts.add_argument("--y", metavar="COL", help="--csv, --parquet: the label column")
     shortcuts.add_argument("--dtype", action="append", default=[], metavar="KEY=DTYPE",
-                           help="--csv: a key's dtype, e.g. y=int64 (default float32)")
+                           help="--csv: a key's dtype, e.g. y=int64 (default float32), y=class for text labels")
+    shortcuts.add_argument("--delimiter", default=",", metavar="CHAR",
+                           help="--csv: the field delimiter (default ','; '\\t' for a tab)")
     shortcuts.add_argument("--image-size", nargs=2, type=int, metavar=("H", "W"), help="--images: resize to H x W")
     shortcuts.add_argument("--channels", type=int, choices=(1, 3, 4), default=3, help="--images: channels (default 3)")
 
@@ -279,7 +288,8 @@ def _csv(path: str, args) -> Any:
         raise SpecError("--csv needs the input columns, e.g. --x a,b,c (and --y label)")
     columns = [int(c) if c.isdigit() else c for c in args.x.split(",")]
     keys = {"x": columns} | ({"y": int(args.y) if args.y.isdigit() else args.y} if args.y else {})
-    return CsvSource(path, dtypes=_named(args.dtype, "--dtype"), **keys)
+    delimiter = "\t" if args.delimiter in ("\\t", "tab") else args.delimiter
+    return CsvSource(path, dtypes=_named(args.dtype, "--dtype"), delimiter=delimiter, **keys)
 
 
 def _features(pairs: list[str]) -> dict[str, Any] | None:
@@ -298,16 +308,27 @@ def _features(pairs: list[str]) -> dict[str, Any] | None:
 
 def _tfrecord(paths: str, args) -> Any:
     from .. import sources
-    features = _features(args.feature)
-    if features is None and not os.path.isdir(os.path.expanduser(paths)):
-        raise SpecError(f"--tfrecord {paths}: name the features to read, e.g. --feature x=float32:28,28 "
-                        "--feature y=int64 --feature name=bytes ('?' for a dimension of any length), unless it "
-                        "is a pack output directory; 'steadyfeed inspect FILE.tfrecord' lists a file's features")
-    return sources.TFRecordSource(paths, features=features)
+    return sources.TFRecordSource(paths, features=_features(args.feature))  # None: the manifest's, or inferred
+
+
+def _parquet(paths: str, args) -> Any:
+    from .. import sources
+    keys = {}
+    if args.x:
+        keys["x"] = [c for c in args.x.split(",")]
+    if args.y:
+        keys["y"] = args.y
+    return sources.ParquetSource(paths, **keys)
+
+
+def _webdataset(shards: str, args) -> Any:
+    from .. import sources
+    return sources.WebDatasetSource(shards)
 
 
 _SHORTCUTS: dict[str, Callable[[Any, argparse.Namespace], Any]] = {
     "npy_pairs": _npy_pairs, "npy": _npy, "hdf5": _hdf5, "images": _images, "csv": _csv, "tfrecord": _tfrecord,
+    "parquet": _parquet, "webdataset": _webdataset,
 }
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from .optional import require
 
 VARIABLE_KINDS = ("bytes", "str")
 NATIVE_LISTS = {"float32": "float_list", "int64": "int64_list"}  # what tf.io.FixedLenFeature reads
+_LIST_DTYPES = {"float_list": np.dtype("float32"), "int64_list": np.dtype("int64")}  # how TensorFlow stores them
 
 
 @functools.lru_cache(maxsize=None)
@@ -114,9 +115,9 @@ class FeatureSpec:
             if dtype in VARIABLE_KINDS:
                 return cls(dtype)
             shape = (shape,) if isinstance(shape, int) or shape is None else tuple(shape)
-            shape = tuple(None if d is None else int(d) for d in shape)
+            shape = tuple(None if d is None or d == -1 else int(d) for d in shape)  # -1: numpy's "any length"
             if any(d is not None and d < 0 for d in shape) or shape.count(None) > 1:
-                raise ValueError("a dimension must be >= 0, or None (any length) for at most one")
+                raise ValueError("a dimension must be >= 0, or None / -1 (any length) for at most one")
             dt = np.dtype(dtype)
             if dt.kind in "OV":
                 raise ValueError(f"dtype {dt} has no byte encoding")
@@ -171,18 +172,60 @@ class FeatureSpec:
             return str(value[()] if isinstance(value, np.ndarray) else value).encode("utf-8")
         return np.asarray(value, dtype=self.np_dtype).tobytes()
 
+    @property
+    def native_list(self) -> str | None:
+        """The TensorFlow list kind this spec also reads: a float_list for float32 / float64, an
+        int64_list for any integer or bool dtype (each value checked to fit)."""
+        if self.dtype in VARIABLE_KINDS:
+            return None
+        kind = self.np_dtype.kind
+        return "float_list" if self.dtype in ("float32", "float64") else "int64_list" if kind in "iub" else None
+
     def decode(self, feature, key: str):
         """The value of a parsed ``Feature``, or DataError saying what was expected and found."""
         kind = feature.WhichOneof("kind")
         if kind == "bytes_list" and len(feature.bytes_list.value) == 1:
             return self._from_bytes(feature.bytes_list.value[0], key)
-        if kind is not None and kind == NATIVE_LISTS.get(self.dtype):
-            shaped = self._shaped(np.array(getattr(feature, kind).value, dtype=self.np_dtype))
+        count = len(getattr(feature, kind).value) if kind else 0
+        if kind is not None and kind == self.native_list:
+            shaped = self._shaped(self._cast(np.array(getattr(feature, kind).value, dtype=_LIST_DTYPES[kind]), key))
             if shaped is not None:
                 return shaped
-        count = len(getattr(feature, kind).value) if kind else 0
+        hint = ""
+        if kind == self.native_list and None not in self.shape:
+            hint = f"; declare ({self.dtype!r}, (None,)) for a list of any length"
         raise DataError(f"feature {key!r}: expected {self._expected()}, found {kind or 'an empty feature'} "
-                        f"with {count} value(s)")
+                        f"with {count} value(s){hint}")
+
+    def _cast(self, values: np.ndarray, key: str) -> np.ndarray:
+        """A native list's values as this spec's dtype; DataError naming the first value that does not fit."""
+        dtype = self.np_dtype
+        if values.dtype == dtype:
+            return values
+        if dtype.kind in "iub":
+            low, high = (0, 1) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+            bad = np.flatnonzero((values < low) | (values > high))
+            if bad.size:
+                raise DataError(f"feature {key!r}: value {values[bad[0]]} (at index {bad[0]}) does not fit "
+                                f"{self.dtype} ({low}..{high}); declare a wider dtype such as int64")
+        return values.astype(dtype)
+
+    def default(self, value: Any, key: str):
+        """``value`` as this spec's value for a record that lacks the feature; ValueError when it cannot be."""
+        if self.dtype == "bytes":
+            return bytes(value) if isinstance(value, (bytes, bytearray)) else str(value).encode("utf-8")
+        if self.dtype == "str":
+            return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+        values = np.asarray(value).reshape(-1)
+        try:
+            if values.dtype.kind in "iub":
+                values = self._cast(values.astype(np.int64), key)
+            shaped = self._shaped(values.astype(self.np_dtype))
+        except (DataError, ValueError, TypeError) as exc:
+            raise ValueError(f"defaults[{key!r}]: {exc}") from None
+        if shaped is None:
+            raise ValueError(f"defaults[{key!r}]: {value!r} does not have the shape of {self.describe()}")
+        return shaped
 
     def _from_bytes(self, raw: bytes, key: str):
         if self.dtype == "bytes":
@@ -202,7 +245,7 @@ class FeatureSpec:
     def _expected(self) -> str:
         if self.dtype in VARIABLE_KINDS:
             return f"{self.dtype}: a bytes_list of one value"
-        size, native = self.fixed_size, NATIVE_LISTS.get(self.dtype)
+        size, native = self.fixed_size, self.native_list
         if None in self.shape:
             count = "any number of values" if size == 1 else f"a multiple of {size} values"
             raw = f"a multiple of {self.np_dtype.itemsize * size}"
@@ -271,13 +314,53 @@ def feature_kinds(data: bytes) -> dict[str, tuple[str, int, int | None]]:
     return out
 
 
-def decode_example(data: bytes, specs: Mapping[str, FeatureSpec]) -> dict:
-    """The sample in a serialized tf.train.Example, one value per spec; DataError (without
-    the record's location, which the caller adds) when it does not match the specs."""
+def decode_example(data: bytes, specs: Mapping[str, FeatureSpec], defaults: Mapping[str, Any] | None = None) -> dict:
+    """The sample in a serialized tf.train.Example, one value per spec (``defaults[key]`` where a
+    record lacks the feature, or holds an empty one); DataError (without the record's location,
+    which the caller adds) when it does not match the specs."""
     feature_map = parse_example(data).features.feature
+    defaults = defaults or {}
     sample = {}
     for key, spec in specs.items():
-        if key not in feature_map:  # test first: indexing a message map inserts the key
-            raise DataError(f"feature {key!r} is missing (the record has {sorted(feature_map)})")
-        sample[key] = spec.decode(feature_map[key], key)
+        # test first: indexing a message map inserts the key
+        feature = feature_map[key] if key in feature_map else None
+        if key in defaults and (feature is None or feature.WhichOneof("kind") is None):
+            sample[key] = defaults[key]
+            continue
+        if feature is None:
+            raise DataError(f"feature {key!r} is missing (the record has {sorted(feature_map)}); pass "
+                            f"defaults={{{key!r}: ...}} for records without it")
+        sample[key] = spec.decode(feature, key)
     return sample
+
+
+def infer_features(records: Sequence[bytes]) -> tuple[dict[str, FeatureSpec], list[str]]:
+    """The specs that read the features of serialized Examples, inferred from them: a float_list
+    is float32, an int64_list int64, a bytes_list of one value bytes; a list holding one value
+    in every record is a scalar, ``n`` values in every record shape ``(n,)``, else ``(None,)``
+    (any length: batch it with ``collate="pad"``). Also notes on the features left out (a
+    bytes_list of several values, a feature never set). DataError for a feature of two kinds."""
+    kinds: dict[str, dict[str, set]] = {}
+    for data in records:
+        for key, (kind, count, _) in feature_kinds(data).items():
+            kinds.setdefault(key, {}).setdefault(kind, set()).add(count)
+    specs, notes = {}, []
+    for key, found in sorted(kinds.items()):
+        found.pop("empty", None)
+        if len(found) > 1:
+            raise DataError(f"feature {key!r} is a {' in some of the first records and a '.join(sorted(found))} in "
+                            f"others: pass features= to say how to read it")
+        if not found:
+            notes.append(f"feature {key!r} is empty in the first {len(records)} record(s): left out")
+            continue
+        (kind, counts), = found.items()
+        if kind == "bytes_list":
+            if counts == {1}:
+                specs[key] = FeatureSpec("bytes")
+            else:
+                notes.append(f"feature {key!r} is a bytes_list of {min(counts)}..{max(counts)} values: left out "
+                             f"(a bytes feature is one value)")
+            continue
+        shape = () if counts == {1} else (counts.pop(),) if len(counts) == 1 and 0 not in counts else (None,)
+        specs[key] = FeatureSpec(_LIST_DTYPES[kind].name, shape)
+    return specs, notes

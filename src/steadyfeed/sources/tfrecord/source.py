@@ -12,10 +12,13 @@ import numpy as np
 
 from ...errors import DataError
 from ..base import LazyHandles, file_fingerprint
-from .example import decode_example, example_classes, parse_features
-from .framing import INDEX_SUFFIX, load_index, read_record, record_name, require_crc32c
+from .example import decode_example, example_classes, infer_features, parse_features
+from .framing import (
+    INDEX_SUFFIX, RAW_SUFFIX, FileIndex, compression_name, open_index, read_record, record_name, require_crc32c,
+)
 from .manifest import read_manifest
 
+INFER_RECORDS = 100  # records read to infer features= when it is not given
 
 def require_support() -> None:
     """ImportError now, naming what to install, rather than on the first record."""
@@ -33,7 +36,7 @@ def _resolve(paths: Any) -> tuple[list[str], dict | None, list[int] | None]:
         pattern = os.path.expanduser(os.fspath(paths))
         if os.path.isdir(pattern):
             return read_manifest(pattern)
-        files = sorted(p for p in glob.glob(pattern) if not p.endswith(INDEX_SUFFIX))
+        files = sorted(p for p in glob.glob(pattern) if not p.endswith((INDEX_SUFFIX, RAW_SUFFIX)))
         if not files:
             if not glob.has_magic(pattern):
                 raise FileNotFoundError(f"TFRecord file not found: {pattern}")
@@ -51,29 +54,67 @@ class TFRecordSource:
     ``paths``: a glob, a file, a list of files (read in sorted order), or a ``pack`` output
     directory. Sample ``i`` is record ``i`` counting across the files in order.
 
+    * ``features``: key -> spec (see :mod:`.example`); None infers them from the first
+      ``INFER_RECORDS`` records (``infer_features``: kind, dtype, fixed or variable length;
+      ``self.specs`` shows what was inferred) unless a pack directory's manifest has them;
+    * ``defaults``: key -> the value a record without that feature gets (else it is an error
+      naming the record);
+    * ``compression``: None detects it per file (``"GZIP"``, ``"ZLIB"`` or none, as
+      ``TFRecordOptions`` writes them), or give it; a compressed file is read through a
+      decompressed copy made once (see :mod:`.framing`);
+    * ``cache_dir``: where the indexes (and decompressed copies) go when not beside the files.
+
     Guarantees: both CRCs of every record are checked on every read; a bad record raises
     :class:`DataError` naming its file, record number and byte offset, and never affects
-    other records; reads use ``os.pread`` on per-process handles, so threads share the
-    source safely and it pickles without handles (workers reopen lazily).
+    other records; a file whose framing breaks (cut inside a record, a corrupt length, a
+    truncated gzip stream) reads every record before the break, and the break is one more
+    sample, after them, whose read raises DataError naming the file and byte offset (so the
+    loader raises, or quarantines it under ``on_error="skip"``: never silent); reads use
+    ``os.pread`` on per-process handles, so threads share the source safely and it pickles
+    without handles (workers reopen lazily).
     """
 
     def __init__(self, paths: Any, features: Mapping[str, Any] | None = None, *,
+                 defaults: Mapping[str, Any] | None = None, compression: str | None = None,
                  cache_dir: str | os.PathLike | None = None):
         require_support()
         files, packed_specs, counts = _resolve(paths)
-        if features is None and packed_specs is None:
-            raise ValueError("TFRecordSource needs features= (key -> (dtype, shape), 'bytes' or 'str') unless "
-                             "it reads a pack output directory, whose manifest has them")
-        self.specs = parse_features(features) if features is not None else packed_specs
         for path in files:
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"TFRecord file not found: {path}")
+        compression = compression_name(compression)
         self.paths = files
-        self._rows = [load_index(path, cache_dir) for path in files]
+        self._files = [_opened(path, compression, cache_dir) for path in files]
         if counts is not None:
-            _check_counts(files, self._rows, counts)
-        self._ends = np.cumsum([len(rows) for rows in self._rows], dtype=np.int64).tolist()
+            _check_counts(self._files, counts)
+        self._ends = np.cumsum([len(f.rows) + f.damaged for f in self._files], dtype=np.int64).tolist()
         self._handles = LazyHandles(_open_readonly, os.close)
+        self.inferred_notes: list[str] = []  # what inference left out, and why
+        if features is not None:
+            self.specs = parse_features(features)
+        elif packed_specs is not None:
+            self.specs = packed_specs
+        else:
+            self.specs, self.inferred_notes = self._infer()
+        unknown = sorted(set(defaults or {}) - set(self.specs))
+        if unknown:
+            raise ValueError(f"defaults names {unknown}, which are not features; features are {sorted(self.specs)}")
+        self.defaults = {key: self.specs[key].default(value, key) for key, value in (defaults or {}).items()}
+
+    def _infer(self) -> tuple[dict, list[str]]:
+        """Specs from the first good records (up to INFER_RECORDS, across files)."""
+        records = []
+        for f, index in enumerate(self._files):
+            for r in range(min(len(index.rows), INFER_RECORDS - len(records))):
+                records.append(self._data(f, r))
+        if not records:
+            raise ValueError(f"TFRecordSource cannot infer features= from {len(self.paths)} file(s) without a "
+                             f"readable record: pass features= (key -> (dtype, shape), 'bytes' or 'str')")
+        specs, notes = infer_features(records)
+        if not specs:
+            raise ValueError(f"TFRecordSource found no feature it can read in the first {len(records)} record(s) "
+                             f"({'; '.join(notes)}): pass features=")
+        return specs, notes
 
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0
@@ -86,15 +127,22 @@ class TFRecordSource:
         f = bisect.bisect_right(self._ends, i)
         return f, i - (self._ends[f - 1] if f else 0)
 
+    def _data(self, f: int, r: int) -> bytes:
+        """The data of record ``r`` of file ``f``, CRCs checked; the damage's error past the last good record."""
+        index = self._files[f]
+        fd = self._handles.get(index.data_path)
+        if r == len(index.rows):
+            raise index.damage_error(fd)
+        return read_record(fd, index.name, r, index.rows.item(r, 0), index.rows.item(r, 1))
+
     def __getitem__(self, i: int) -> dict:
         f, r = self._record(i)
-        path, rows = self.paths[f], self._rows[f]
-        offset, length = rows.item(r, 0), rows.item(r, 1)
-        data = read_record(self._handles.get(path), path, r, offset, length)
+        data = self._data(f, r)
         try:
-            return decode_example(data, self.specs)
+            return decode_example(data, self.specs, self.defaults)
         except DataError as exc:
-            raise DataError(f"{record_name(r, offset, path)}: {exc}") from None
+            index = self._files[f]
+            raise DataError(f"{record_name(r, index.rows.item(r, 0), index.name)}: {exc}") from None
 
     def read_many(self, ids) -> list[dict]:
         """The samples of ``ids`` (in that order), read in file and offset order."""
@@ -106,11 +154,21 @@ class TFRecordSource:
 
     def locate(self, i: int) -> str:
         f, r = self._record(i)
-        return f"{self.paths[f]} record {r} at byte {self._rows[f].item(r, 0)}"
+        index = self._files[f]
+        offset = index.rows.item(r, 0) if r < len(index.rows) else index.damage_offset()
+        stream = "" if not index.compression else " of its decompressed stream"
+        return f"{self.paths[f]} record {r} at byte {offset}{stream}"
+
+    @property
+    def compressions(self) -> list[str]:
+        """Each file's compression ("" none, "GZIP", "ZLIB"), as found."""
+        return [index.compression for index in self._files]
 
     def fingerprint(self) -> str:
         specs = json.dumps({k: s.to_json() for k, s in self.specs.items()}, sort_keys=True)
-        return hashlib.sha256(f"{file_fingerprint(self.paths)}\0{specs}".encode()).hexdigest()
+        defaults = repr(sorted((k, np.asarray(v).tobytes() if not isinstance(v, (bytes, str)) else v)
+                               for k, v in self.defaults.items()))
+        return hashlib.sha256(f"{file_fingerprint(self.paths)}\0{specs}\0{defaults}".encode()).hexdigest()
 
     def close(self) -> None:
         self._handles.close()
@@ -120,8 +178,18 @@ class TFRecordSource:
         return f"TFRecordSource({len(self)} records in {len(self.paths)} file(s); {features})"
 
 
-def _check_counts(files: list[str], rows: list[np.ndarray], counts: list[int]) -> None:
-    for path, found, expected in zip(files, rows, counts):
-        if len(found) != expected:
-            raise DataError(f"{path} has {len(found)} records but the manifest says {expected}")
+def _opened(path: str, compression: str | None, cache_dir) -> FileIndex:
+    """The file's index; DataError when not even its first record can be read (no TFRecord file)."""
+    index = open_index(path, compression, cache_dir)
+    if index.damaged and len(index.rows) == 0:
+        raise index.damage_error()
+    return index
 
+
+def _check_counts(files: list[FileIndex], counts: list[int]) -> None:
+    """A packed shard must hold the records its manifest lists: a damaged one would shift every id after it."""
+    for index, expected in zip(files, counts):
+        if index.damaged:
+            raise DataError(f"{index.path} is damaged (the manifest says {expected} records): {index.damage_error()}")
+        if len(index.rows) != expected:
+            raise DataError(f"{index.path} has {len(index.rows)} records but the manifest says {expected}")
