@@ -4,7 +4,7 @@ import math
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from steadyfeed.sampling.plan import LAST_BATCH_POLICIES, build_plan, draw_numbers
+from steadyfeed.sampling.plan import LAST_BATCH_POLICIES, build_plan
 
 
 def plans(order, batch_size, shard_count, last_batch, with_draws=False):
@@ -49,13 +49,15 @@ def test_shards_split_the_order_round_robin_and_batch_it_in_order(order, batch_s
 
 @settings(max_examples=100, deadline=None)
 @given(order=st.lists(st.integers(0, 9), max_size=60).map(lambda v: np.array(v, np.int64)),
-       batch_size=st.integers(1, 7))
-def test_draw_numbers_count_earlier_appearances(order, batch_size):
-    draws = draw_numbers(order)
-    assert draws.tolist() == [int(np.count_nonzero(order[:k] == order[k])) for k in range(len(order))]
-    plan = build_plan(order, batch_size=batch_size, shard_index=0, shard_count=1, last_batch="partial",
-                      with_draws=True)
-    np.testing.assert_array_equal(np.concatenate([s.draws for s in plan]) if plan else [], draws)
+       batch_size=st.integers(1, 7), shard_count=st.integers(1, 4))
+def test_draws_are_order_positions_so_every_appearance_has_its_own(order, batch_size, shard_count):
+    """With repeating ids, an id's draw is its position in the epoch's order: distinct per appearance."""
+    for r, plan in enumerate(plans(order, batch_size, shard_count, "partial", with_draws=True)):
+        draws = np.concatenate([s.draws for s in plan]) if len(plan) else np.zeros(0, np.int64)
+        np.testing.assert_array_equal(draws, np.arange(r, len(order), shard_count))
+        np.testing.assert_array_equal(real(plan), order[draws])
+    assert all(spec.draws is None for spec in build_plan(order, batch_size=batch_size, shard_index=0, shard_count=1,
+                                                            last_batch="partial", with_draws=False))
 
 
 def test_a_shard_with_nothing_left_borrows_one_id_for_its_shape():

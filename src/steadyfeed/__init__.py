@@ -8,7 +8,7 @@ from .loader import Loader
 from .locking import serialized
 from .packing import pack
 from .quality import Checked
-from .sampling import SequentialSampler, ShuffleSampler, WeightedSampler, sample_rng
+from .sampling import SequentialSampler, ShuffleSampler, WeightedSampler, merge_states, sample_rng
 from .sources import ArraySource, CsvSource, DiskCache, MemoryCache, NpyArray, NpyPairs, TFRecordSource
 
 from . import sources as _sources
@@ -41,6 +41,7 @@ __all__ = [
     "TooManyErrors",
     "WeightedSampler",
     "WorkerDied",
+    "merge_states",
     "pack",
     "sample_rng",
     "serialized",
