@@ -230,6 +230,7 @@ class Loader:
                 location=locate(self.source, failure.sample_id),
             ))
         self._stats.skipped += len(failures)
+        self._stats.count_components(self.source, (), [f.sample_id for f in failures])
         skipped = self._quarantine.count(epoch) - skipped_before
         if skipped > policy.max_error_fraction * planned:
             raise TooManyErrors(
@@ -244,7 +245,9 @@ class Loader:
         if batch is None:
             return None
         self._stats.batches += 1
-        self._stats.samples += int(np.count_nonzero(batch["mask"])) if "mask" in batch else len(batch["id"])
+        real = batch["id"][batch["mask"] > 0] if "mask" in batch else batch["id"]
+        self._stats.samples += len(real)
+        self._stats.count_components(self.source, real, ())
         return self._public(batch)
 
     def _sample_error(self, failure: SampleFailure, epoch: int, batch_index: int) -> SampleError:
