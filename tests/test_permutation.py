@@ -51,7 +51,7 @@ def test_the_same_key_gives_the_same_order_and_others_differ():
         permutation(10, 0, 0).take(np.array([10]))
 
 
-@pytest.mark.parametrize("n", [3, 8, 50])
+@pytest.mark.parametrize("n", [3, 5, 8, 50])
 def test_every_item_lands_at_every_position_equally_often(n):
     """Over many epochs, the table (item, position) is uniform: a chi-square test with (n-1)^2 df."""
     epochs = 200 * n

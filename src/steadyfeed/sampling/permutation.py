@@ -1,16 +1,20 @@
 """A keyed bijection of ``range(n)`` evaluated at any positions, in constant memory.
 
-:class:`Permutation` is a balanced Feistel network over the smallest even number of bits
-that covers ``n``, with cycle walking: a value that lands outside ``range(n)`` is encrypted
-again until it lands inside. Guarantees:
+:class:`Permutation` is a Feistel network on the grid ``Z_a x Z_b`` (``a = ceil(sqrt(n))``,
+``b = ceil(n / a)``, so ``a * b < n + a``; the numeric Feistel of format-preserving
+encryption): each round adds a keyed hash of one half to the other, modulo its size,
+alternating halves. A value that lands outside ``range(n)`` is encrypted again until it
+lands inside (cycle walking), which a grid this tight makes rare (a share under
+``1 / sqrt(n)`` of the values, and one extra pass for those). Guarantees:
 
-* **bijective**: ``take(arange(n))`` is a permutation of ``arange(n)`` for every key (a
-  Feistel network is a bijection of its bit domain whatever its round function, and cycle
-  walking restricts a bijection to a subset as a bijection);
+* **bijective**: ``take(arange(n))`` is a permutation of ``arange(n)`` for every key (each
+  round is invertible whatever its hash, and cycle walking restricts a bijection of the
+  grid to ``range(n)`` as a bijection);
 * **random access**: ``take(positions)`` depends on (key, n, positions) alone, costs a few
   numpy operations on the positions given (no array of size ``n`` is ever built), and is
   vectorised: a batch of 64 positions costs tens of microseconds;
-* **well mixed**: eight rounds of the splitmix64 finalizer give positions indistinguishable
+* **well mixed**: ten rounds (sixteen up to 2**20 values) keyed through the splitmix64 finalizer give
+  positions indistinguishable
   from uniform and no correlation between neighbouring values (``tests/test_permutation.py``
   checks both with fixed keys);
 * the key is hashed from integer words (``SeedSequence``), so (seed, epoch) and
@@ -21,15 +25,17 @@ permutation on every machine and numpy version.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
 
-ROUNDS = 8
+ROUNDS = 10  # as FF1; grids of up to SMALL cells get SMALL_ROUNDS, where a round mixes fewer values
+SMALL, SMALL_ROUNDS = 2 ** 20, 16
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
-MAX_ITEMS = 2 ** 62  # int64 positions and ids; 62 bits keeps the halves within 31 bits each
+MAX_ITEMS = 2 ** 62  # int64 positions and ids; the grid's cells (< n + sqrt(n) + 2) fit in uint64
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -47,23 +53,26 @@ class Permutation:
         if not 0 <= n <= MAX_ITEMS:
             raise ValueError(f"a permutation covers 0 to 2**62 items, got {n}")
         self.n = n
-        bits = max(2, (n - 1).bit_length())
-        bits += bits % 2  # balanced halves: the domain is at most 4n, so cycle walks stay short
-        self._half = np.uint64(bits // 2)
-        self._mask = np.uint64((1 << (bits // 2)) - 1)
+        a = max(2, math.isqrt(max(n - 1, 0)) + 1)  # ceil(sqrt(n)), at least 2
+        self._a, self._b = np.uint64(a), np.uint64(max(2, -(-n // a)))
         words = [int(w) for w in key]
         if any(w < 0 for w in words):
             raise ValueError(f"key words must be non-negative integers, got {words}")
-        self._keys = np.random.SeedSequence(words).generate_state(ROUNDS, np.uint64)
+        rounds = SMALL_ROUNDS if n <= SMALL else ROUNDS
+        self._keys = np.random.SeedSequence(words).generate_state(rounds, np.uint64)
 
     def __len__(self) -> int:
         return self.n
 
     def _encrypt(self, x: np.ndarray) -> np.ndarray:
-        left, right = x >> self._half, x & self._mask
-        for k in self._keys:
-            left, right = right, left ^ (_mix(right ^ k) & self._mask)
-        return (left << self._half) | right
+        a, b = self._a, self._b
+        left, right = x // b, x % b  # x = left * b + right, left < a, right < b
+        for r, k in enumerate(self._keys):
+            if r % 2 == 0:
+                left = (left + _mix(right ^ k) % a) % a
+            else:
+                right = (right + _mix(left ^ k) % b) % b
+        return left * b + right
 
     def take(self, positions) -> np.ndarray:
         """The values at ``positions`` (int64 array, each in ``range(n)``), as int64."""
@@ -74,7 +83,7 @@ class Permutation:
             return positions.copy()
         x = self._encrypt(positions.astype(np.uint64).reshape(-1))
         outside = np.flatnonzero(x >= self.n)
-        while outside.size:  # cycle walking: expected under 4 rounds of encryption per value
+        while outside.size:  # cycle walking: rare on a grid of at most n + sqrt(n) cells
             walked = self._encrypt(x[outside])
             x[outside] = walked
             outside = outside[walked >= self.n]
