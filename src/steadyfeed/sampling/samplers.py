@@ -25,7 +25,7 @@ import numpy as np
 from .permutation import Permutation, _mix
 from .seeds import _check_seed, order_rng
 
-ORDER_FORMAT = "feistel-8/1"  # Permutation's rounds and keying, WeightedOrder's uniforms
+ORDER_FORMAT = "feistel-grid/1"  # Permutation (grid, rounds, keying) and WeightedOrder (uniforms)
 _PERMUTATION_STREAM = 3
 _WEIGHTED_STREAM = 4
 
