@@ -199,13 +199,14 @@ def fmt(value, spec: str, unit: str = "") -> str:
 
 
 def epoch_table(rows: list[tuple[int, str, dict]]) -> list[str]:
-    lines = ["| N | loader | first batch | next batches (mean) | RSS added |", "|---:|---|---:|---:|---:|"]
+    lines = ["| N | loader | first batch | next batches (mean) | peak RSS | RSS added (above imports) |",
+             "|---:|---|---:|---:|---:|---:|"]
     for n, library, r in rows:
         if "error" in r:
-            lines.append(f"| {n:.0e} | {library} | failed: {r['error']} | | |")
+            lines.append(f"| {n:.0e} | {library} | failed: {r['error']} | | | |")
         else:
             lines.append(f"| {n:.0e} | {library} | {r['first_batch_s']:.3f} s | {r['per_batch_us']:,.0f} us | "
-                         f"{r['rss_added_mb']:,.1f} MB |")
+                         f"{r['rss_base_mb'] + r['rss_added_mb']:,.0f} MB | {r['rss_added_mb']:,.1f} MB |")
     return lines
 
 
@@ -237,12 +238,13 @@ def main() -> None:
 
     print(f"# bench_scale: {load_line()}; python {sys.version.split()[0]}; limit {args.limit_gb:g} GB per process")
     rows = []
-    for n in (int(s) for s in args.sizes.split(",")):
+    for n in (int(s) for s in args.sizes.split(",") if s):
         for library in args.libraries.split(","):
             result = run_child(["epoch", library, str(n)], args.limit_gb, args.timeout)
             rows.append((n, library, result))
             print(f"  N={n:.0e} {library}: {json.dumps(result)}", flush=True)
-    print("\n".join(epoch_table(rows)))
+    if rows:
+        print("\n".join(epoch_table(rows)))
 
     if args.files:
         classes = 1000 if args.files >= 100_000 else 10

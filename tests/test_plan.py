@@ -64,3 +64,26 @@ def test_a_shard_with_nothing_left_borrows_one_id_for_its_shape():
     plan = build_plan(np.arange(3, dtype=np.int64), batch_size=4, shard_index=3, shard_count=4, last_batch="pad",
                       with_draws=False)
     assert len(plan) == 1 and plan[0].num_real == 0 and len(plan[0].ids) == 1 and plan[0].pad_to == 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(order=orders, batch_size=st.integers(1, 13), shard_count=st.integers(1, 4),
+       last_batch=st.sampled_from(LAST_BATCH_POLICIES), block=st.integers(1, 40), data=st.data())
+def test_batches_computed_in_blocks_are_the_same_in_any_order_of_access(order, batch_size, shard_count, last_batch,
+                                                                         block, data):
+    """The plan computes positions a block at a time; any block size and any access order give the same batches."""
+    import steadyfeed.sampling.plan as plan_module
+    reference = plans(order, batch_size, shard_count, last_batch, with_draws=True)
+    saved = plan_module.BLOCK_IDS
+    plan_module.BLOCK_IDS = block
+    try:
+        for r, expected in enumerate(reference):
+            plan = plans(order, batch_size, shard_count, last_batch, with_draws=True)[r]
+            visits = data.draw(st.permutations(list(range(len(plan)))))
+            for i in [*visits, *visits[::-1]]:
+                got, want = plan[i], expected[i]
+                np.testing.assert_array_equal(got.ids, want.ids)
+                np.testing.assert_array_equal(got.draws, want.draws)
+                assert (got.num_real, got.pad_to, got.index) == (want.num_real, want.pad_to, want.index)
+    finally:
+        plan_module.BLOCK_IDS = saved

@@ -28,6 +28,7 @@ from .samplers import ArrayOrder
 
 LastBatch = Literal["partial", "drop", "pad"]
 LAST_BATCH_POLICIES: tuple[str, ...] = typing.get_args(LastBatch)
+BLOCK_IDS = 4096  # positions computed per pass over the order (a few batches' worth: constant memory)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class EpochPlan:
         else:
             self.num_batches = math.ceil(slots / self.batch_size)
         self._draws = bool(getattr(order, "may_repeat", False))
+        self._block: tuple | None = None  # (first, stop, ids, positions) of the latest block of positions
 
     def __len__(self) -> int:
         return self.num_batches
@@ -92,14 +94,29 @@ class EpochPlan:
         if not 0 <= index < self.num_batches:
             raise IndexError(f"batch {index} out of range: the plan has {self.num_batches} batches")
         lo = index * self.batch_size
-        local = np.arange(lo, min(lo + self.batch_size, self.num_real_total), dtype=np.int64)
-        num_real = len(local)
+        hi = min(lo + self.batch_size, self.num_real_total)
+        num_real = max(0, hi - lo)
         if num_real:
-            positions = self.order_positions(self.shard_index + self.shard_count * local)
+            ids, positions = self._block_for(lo, hi)
         else:  # a batch made only of shard padding: borrow one id for its shape
             positions = self.order_positions(np.zeros(1, np.int64))
-        return BatchSpec(index=index, ids=self.order.take(positions), draws=positions if self._draws else None,
+            ids = self.order.take(positions)
+        return BatchSpec(index=index, ids=ids, draws=positions if self._draws else None,
                          pad_to=self.batch_size if self.last_batch == "pad" else None, num_real=num_real)
+
+    def _block_for(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and order positions of this shard's positions ``lo..hi-1``, computed a block of
+        about ``BLOCK_IDS`` positions at a time: one vectorised pass over the order serves many
+        batches (the order's cost is per call more than per id). Constant memory: one block."""
+        block = self._block  # one read: a tuple replaced whole, never changed in place
+        if block is None or not block[0] <= lo < hi <= block[1]:
+            start = lo
+            stop = min(self.num_real_total, start + max(BLOCK_IDS // self.batch_size, 1) * self.batch_size)
+            local = np.arange(start, stop, dtype=np.int64)
+            positions = self.order_positions(self.shard_index + self.shard_count * local)
+            block = self._block = (start, stop, self.order.take(positions), positions)
+        start = block[0]
+        return block[2][lo - start:hi - start].copy(), block[3][lo - start:hi - start].copy()
 
     def __iter__(self):
         return (self[i] for i in range(self.num_batches))
