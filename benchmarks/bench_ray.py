@@ -7,7 +7,8 @@ Workloads (read the same way in every mode; only the pool differs):
   cpu    samples that each hold the GIL for W µs (a pure-Python loop), at several W: the
          work Ray (or processes) can spread over cores and threads cannot
 
-Settings: inline (workers=0), thread w2, process w2, ray w1 and ray w2, all on one local Ray
+Settings: inline (workers=0), thread w2, process w2, ray w1 and ray w2 (thread and process with
+``inline_when_faster=False``, so their workers make every batch, as Ray's do), all on one local Ray
 cluster of 2 CPUs started up front (so Ray's daemons weigh on every setting alike). For each
 workload every loader is opened at once and their epochs are interleaved (one warm-up epoch
 each, then ``--epochs`` rounds of one epoch per loader, median), so load that drifts over the
@@ -103,7 +104,8 @@ def epoch_fn(loader, n: int):
 
 def time_workload(source, epochs: int) -> list[float]:
     """Median epoch seconds per setting, all loaders open and their epochs interleaved."""
-    loaders = [steadyfeed.Loader(source, BATCH, shuffle=True, workers=w, mode=m, with_ids=True) for _, m, w in SETTINGS]
+    loaders = [steadyfeed.Loader(source, BATCH, shuffle=True, workers=w, mode=m, with_ids=True,
+                                 inline_when_faster=False if w and m != "ray" else None) for _, m, w in SETTINGS]
     try:
         results = time_interleaved([epoch_fn(lo, len(source)) for lo in loaders], epochs)
     finally:
@@ -206,7 +208,7 @@ def one_loss(cluster, node, source) -> dict:
                 node.kill_raylet()
                 killed = now
         assert sorted(np.concatenate(ids).tolist()) == list(range(len(source))), "coverage broken"
-        return {"loss acted on after the kill": acted if acted is not None else float("nan"),
+        return {"loss acted on (seen at the next batch)": acted if acted is not None else float("nan"),
                 "longest wait for a batch": longest, "epoch with the kill": time.monotonic() - t0,
                 "epoch without": clean}
 

@@ -200,6 +200,22 @@ def _rows(source):
     return [int(source[i]["row"]) for i in range(len(source))]
 
 
+def test_the_ray_developer_apis_the_bridges_use_exist():
+    """Ray Data's developer APIs (public, less stable than its public ones) that ray.py relies on:
+    a Ray release that drops one fails here rather than in a user's run."""
+    from ray.data.block import BlockAccessor, BlockMetadata
+
+    ds = ray.data.range(3)
+    assert callable(ds.iter_internal_ref_bundles) and hasattr(ds.context.execution_options, "preserve_order")
+    bundle = next(iter(ds.iter_internal_ref_bundles()))
+    assert all(isinstance(ref, ray.ObjectRef) for ref in bundle.block_refs)
+    block = ray.get(bundle.block_refs[0])
+    assert list(BlockAccessor.for_block(block).to_numpy()) == ["id"]
+    assert BlockAccessor.batch_to_block({"x": np.zeros((2, 3))}).num_rows == 2
+    BlockMetadata(num_rows=None, size_bytes=None, input_files=None, exec_stats=None)
+    assert hasattr(ds.context, "target_max_block_size")
+
+
 @pytest.mark.timeout(180)  # four passes of Ray Data, two of them sorts, on a busy 2-core machine
 def test_ray_data_source_order_does_not_depend_on_how_ray_ran_it(no_ray_leaks):
     ds = ray.data.range(400, override_num_blocks=12).map_batches(  # 4 at once, finishing in any order

@@ -124,7 +124,7 @@ def source_from_ray_dataset(ds, key: str | None = None) -> RayDatasetSource:
     under ``id``): rename it first, e.g. ``ds.rename_columns({"id": "row_id"})``. Columns
     must convert to numpy; strings of different lengths need ``collate="pad"``.
     """
-    columns = ds.columns()
+    columns = ds.columns() or []  # None for a dataset without rows
     _check_columns(columns, key)
     if key is not None:
         ds = ds.sort(key)
