@@ -14,6 +14,7 @@ Guarantees (each proven by a test named in the README):
 """
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import re
 import threading
@@ -36,6 +37,7 @@ from .sampling.plan import EpochPlan
 from .sampling.samplers import ORDER_FORMAT, SequentialSampler, ShuffleSampler, order_of
 from .stats import LoaderStats
 from .sources.base import check_source, close_source, fingerprint, locate
+from .sources.wrapper import SourceWrapper
 
 STATE_FORMAT = "steadyfeed.loader/2"  # /2: orders are keyed Feistel permutations (sampling/permutation.py)
 _OLD_FORMATS = {"steadyfeed.loader/1": "numpy permutations drawn whole"}
@@ -68,6 +70,7 @@ class Loader:
         self.source = source
         self.config = LoaderConfig.build(config, read=read, execution=execution, failure=failure,
                                          sharding=sharding, **options)
+        refuse_unsupported(source, self.config.execution)  # before anything starts, so nothing is left running
         cfg = self.config.read
         self.sampler = cfg.sampler or (ShuffleSampler() if cfg.shuffle else SequentialSampler())
         self._quarantine = Quarantine(self.config.failure.quarantine)
@@ -387,6 +390,23 @@ class Loader:
         read, execution = self.config.read, self.config.execution
         return (f"Loader({self.source!r}, batch_size={read.batch_size}, workers={execution.workers}, "
                 f"mode={execution.mode!r}, sampler={self.sampler!r})")
+
+
+def refuse_unsupported(source: Any, execution: ExecutionOptions) -> None:
+    """Raise for a combination of source and execution that cannot work, saying what to use
+    instead: ``mode="ray"`` without Ray, or a source (or one it wraps) whose
+    ``unsupported(mode, workers)`` says why not (a Ray Dataset source in process mode)."""
+    mode, workers = execution.mode, execution.workers
+    if mode == "ray" and workers > 0 and importlib.util.find_spec("ray") is None:
+        raise ModuleNotFoundError("mode='ray' needs Ray: pip install 'steadyfeed[ray]', or use mode='thread' or "
+                                  "mode='process'")
+    layer = source
+    while layer is not None:
+        check = getattr(layer, "unsupported", None)
+        why = check(mode, workers) if callable(check) else None
+        if why:
+            raise ValueError(f"{layer!r} cannot be read with mode={mode!r}, workers={workers}: {why}")
+        layer = layer.source if isinstance(layer, SourceWrapper) else None
 
 
 def _shutdown_pool(state: dict) -> None:
