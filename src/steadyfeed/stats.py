@@ -33,6 +33,10 @@ class LoaderStats:
     fill_max: int = 0
     fill_timeline: deque = field(default_factory=lambda: deque(maxlen=TIMELINE_POINTS))
     started: float = field(default_factory=time.monotonic)
+    # how batches reach the consumer: "in-process" (workers=0, threads), "shm" or "pipe" (process
+    # workers), "ray"; and, once process workers fell back from shared memory to pipes, why
+    transport: str = "in-process"
+    transport_fallback: str | None = None
 
     def record_fill(self, ready: int) -> None:
         """Called as each batch is taken: the queue watermark at that moment."""
@@ -57,6 +61,8 @@ class LoaderStats:
             "queue_fill_total": self.fill_total,
             "queue_fill_max": self.fill_max,
             "queue_fill_timeline": list(self.fill_timeline),
+            "transport": self.transport,
+            "transport_fallback": self.transport_fallback,
         }
 
 
