@@ -160,7 +160,7 @@ def tfdata_feeder(source, shuffle_seed):
         def read(path, label):
             return tf.io.decode_jpeg(tf.io.read_file(path), channels=3), label
 
-        ds = tf.data.Dataset.from_tensor_slices((source.files, labels))
+        ds = tf.data.Dataset.from_tensor_slices((list(source.files), labels))
     ds = (ds.shuffle(len(source), seed=shuffle_seed, reshuffle_each_iteration=True)
           .map(read, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE))
     return ds, lambda: None

@@ -63,15 +63,16 @@ class FaultySource:
     """A paired source whose chosen ids misbehave.
 
     fail: ids that raise; kill: ids that SIGKILL their own process (once per marker dir);
-    hang: ids that sleep until ``release_dir/release`` exists (or HANG_SECONDS);
+    hang: ids that mark ``entered-<id>`` and sleep until ``marker_dir/release`` exists (or ``hang_seconds``);
     flaky: ids that fail on their first attempt (tracked by marker files).
     """
 
-    def __init__(self, n, *, fail=(), kill=(), hang=(), flaky=(), marker_dir=None, slow=0.0):
+    def __init__(self, n, *, fail=(), kill=(), hang=(), flaky=(), marker_dir=None, slow=0.0, hang_seconds=HANG_SECONDS):
         self.inner = paired_source(n)
         self.fail, self.kill, self.hang, self.flaky = set(fail), set(kill), set(hang), set(flaky)
         self.marker_dir = marker_dir
         self.slow = slow
+        self.hang_seconds = hang_seconds  # past a test's own timeout: then only the release ends the hang
 
     def __len__(self):
         return len(self.inner)
@@ -98,7 +99,9 @@ class FaultySource:
         if i in self.kill and self._first_time("kill", i):
             os.kill(os.getpid(), signal.SIGKILL)
         if i in self.hang:
-            deadline = time.monotonic() + HANG_SECONDS
+            if self.marker_dir is not None:  # so a test can act while the sample is running
+                open(os.path.join(self.marker_dir, f"entered-{i}"), "w").close()
+            deadline = time.monotonic() + self.hang_seconds
             while time.monotonic() < deadline and not os.path.exists(os.path.join(self.marker_dir, "release")):
                 time.sleep(0.02)
         return self.inner[i]
@@ -227,3 +230,12 @@ class UnpicklableError(Exception):
 def identity(sample, rng):
     """A transform that changes nothing, but makes the loader read and check sample by sample."""
     return sample
+
+
+def jitter_rows(batch: dict) -> dict:
+    """A Ray Data map (``ray.data.range`` batches in) whose blocks finish in a random order, so
+    the order Ray hands them on in varies from run to run; "row" keeps the original id."""
+    import random
+
+    time.sleep(random.random() * 0.3)
+    return {"row": batch["id"], "x": batch["id"] * 3}

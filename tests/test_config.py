@@ -90,3 +90,13 @@ def test_the_cli_flags_are_the_fields():
 def test_the_deprecated_cli_spelling_still_works(capsys):
     assert loader_options(parse("x.py:f", "--drop-last")) == {"last_batch": "drop"}
     assert "--drop-last is deprecated" in capsys.readouterr().err
+
+
+def test_mode_ray_without_ray_is_refused_when_the_loader_is_built(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'steadyfeed\[ray\]', or use mode='thread'"):
+        sf.Loader(paired_source(8), 4, workers=2, mode="ray")
+    sf.Loader(paired_source(8), 4, workers=0, mode="ray").close()  # no workers: Ray is never used

@@ -49,3 +49,25 @@ def test_bad_weights_are_refused():
         WeightedSampler([1, -1])
     with pytest.raises(ValueError, match="3 weights but the source has 5"):
         WeightedSampler([1, 1, 1]).epoch_order(5, 0, 0)
+
+
+def test_draws_follow_the_weights_and_never_pick_a_zero_weight_id():
+    """Chi-square of 100,000 draws against the weights (4 df, tolerance df + 6 sqrt(2 df))."""
+    weights = np.array([0.0, 1.0, 2.0, 0.0, 3.0, 4.0, 0.0, 10.0, 0.0])
+    draws = 100_000
+    order = WeightedSampler(weights, num_samples=draws).order(len(weights), 5, 0)
+    counts = np.bincount(order.take(np.arange(draws)), minlength=len(weights))
+    assert counts[weights == 0].sum() == 0
+    expected = draws * weights[weights > 0] / weights.sum()
+    chi2 = ((counts[weights > 0] - expected) ** 2 / expected).sum()
+    assert chi2 < 4 + 6 * np.sqrt(8)
+
+
+def test_each_draw_is_computed_on_its_own_from_the_weights_alone():
+    sampler = WeightedSampler(np.arange(1.0, 1001.0), num_samples=10**12)  # a trillion draws: never listed
+    order = sampler.order(1000, 2, 7)
+    positions = np.array([0, 5, 10**12 - 1, 123_456_789])
+    np.testing.assert_array_equal(order.take(positions), [order.take([p])[0] for p in positions])
+    assert len(order) == 10**12 and order.cdf is sampler._cdf  # the weights' cumulative sums, shared
+    with Loader(paired_source(1000), 64, sampler=sampler) as loader:
+        assert len(loader) == -(-10**12 // 64)

@@ -25,8 +25,8 @@ def result_of(task):
 
 
 class ScriptedPool:
-    """``script(task) -> None`` finishes the task; ``-> (position or Stage, cause)`` loses its
-    worker while at that place. ``order`` picks which pending task reports first."""
+    """``script(task) -> None`` finishes the task; ``-> (position or Stage or None, cause)`` loses
+    its worker while at that place. ``order`` picks which pending task reports first."""
 
     def __init__(self, script=lambda task: None, capacity=4, order="lifo"):
         self.script, self.capacity, self.order = script, capacity, order
@@ -53,8 +53,9 @@ class ScriptedPool:
         scripted = self.script(task)
         if scripted is None:
             return [Done(result_of(task))]
-        where, cause = scripted
-        return [Lost((task,), Running(task.task_id, where, 1.0), cause, f"scripted {cause}")]
+        where, cause = scripted  # where None: lost with no sample to blame (a Ray node gone)
+        running = None if where is None else Running(task.task_id, where, 1.0)
+        return [Lost((task,), running, cause, f"scripted {cause}")]
 
     def shutdown(self):
         pass
@@ -154,3 +155,37 @@ def test_a_stale_result_of_a_rerun_task_is_ignored():
 
     outcomes = run(LateResult(once(lambda t: t.spec.index == 2, (0, "died"))), retries=1)
     assert ids(outcomes)[2] == [8, 9, 10, 11]
+
+
+class ShrinkingPool(ScriptedPool):
+    """Like Ray losing a node: after the first loss no worker runs for ``idle_waits`` waits (the
+    replacement is not placed yet: nothing can be submitted, nothing is in flight), then one does."""
+
+    def __init__(self, script, idle_waits):
+        super().__init__(script, capacity=4)
+        self.idle_waits, self.after_loss = idle_waits, None  # index in submitted where the loss was seen
+
+    def free_slots(self):
+        if self.after_loss is None:
+            return super().free_slots()
+        return 0 if self.idle_waits else 1 - len(self.pending)
+
+    def wait(self, timeout):
+        if self.after_loss is not None and self.idle_waits and not self.pending:
+            self.idle_waits -= 1
+            return []
+        events = super().wait(timeout)
+        if self.after_loss is None and any(isinstance(e, Lost) for e in events):
+            self.after_loss = len(self.submitted)
+        return events
+
+
+def test_a_batch_lost_with_no_sample_to_blame_reruns_first_on_the_workers_left():
+    """No worker for a while, then one: the epoch waits (no busy loop, no error), the lost batch
+    is the next task submitted, nothing is charged (retries=0), and order and content hold."""
+    pool = ShrinkingPool(once(lambda t: t.spec.index == 1, (None, "died")), idle_waits=3)
+    outcomes = run(pool, retries=0, prefetch=4)
+    assert ids(outcomes) == [list(range(k, k + 4)) for k in range(0, 24, 4)] and not any(o.failures for o in outcomes)
+    assert pool.idle_waits == 0
+    rerun = pool.submitted[pool.after_loss]
+    assert rerun.spec.index == 1 and rerun.prior_attempts == {} and rerun.excluded == frozenset()

@@ -9,8 +9,8 @@ from .loader import Loader
 from .locking import serialized
 from .packing import pack
 from .quality import Checked
-from .sampling import SequentialSampler, ShuffleSampler, WeightedSampler, sample_rng
-from .sources import ArraySource, CsvSource, DiskCache, MemoryCache, NpyArray, NpyPairs, TFRecordSource
+from .sampling import SequentialSampler, ShuffleSampler, WeightedSampler, merge_states, sample_rng
+from .sources import ArraySource, CsvSource, DiskCache, MemoryCache, Mixture, NpyArray, NpyPairs, TFRecordSource
 
 from . import sources as _sources
 
@@ -29,6 +29,7 @@ __all__ = [
     "Loader",
     "LoaderConfig",
     "MemoryCache",
+    "Mixture",
     "NpyArray",
     "NoSpace",
     "NpyPairs",
@@ -45,6 +46,7 @@ __all__ = [
     "TooManyErrors",
     "WeightedSampler",
     "WorkerDied",
+    "merge_states",
     "pack",
     "sample_rng",
     "serialized",

@@ -14,6 +14,7 @@ Guarantees (each proven by a test named in the README):
 """
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import re
 import threading
@@ -31,12 +32,15 @@ from .execution.pool import InlinePool, make_pool
 from .execution.scheduler import ByteBudget, EpochRun, Outcome
 from .execution.task import SampleFailure, WorkContext
 from .quarantine import Quarantine, QuarantineEntry
-from .sampling.plan import build_plan
-from .sampling.samplers import SequentialSampler, ShuffleSampler
+from .sampling.elastic import remainder_chain
+from .sampling.plan import EpochPlan
+from .sampling.samplers import ORDER_FORMAT, SequentialSampler, ShuffleSampler, order_of
 from .stats import LoaderStats
 from .sources.base import check_source, close_source, fingerprint, locate
+from .sources.wrapper import SourceWrapper
 
-STATE_FORMAT = "steadyfeed.loader/1"
+STATE_FORMAT = "steadyfeed.loader/2"  # /2: orders are keyed Feistel permutations (sampling/permutation.py)
+_OLD_FORMATS = {"steadyfeed.loader/1": "numpy permutations drawn whole"}
 _ERROR_CLASSES = {"error": SampleError, "timeout": SampleTimeout, "died": WorkerDied}
 
 
@@ -66,12 +70,14 @@ class Loader:
         self.source = source
         self.config = LoaderConfig.build(config, read=read, execution=execution, failure=failure,
                                          sharding=sharding, **options)
+        refuse_unsupported(source, self.config.execution)  # before anything starts, so nothing is left running
         cfg = self.config.read
         self.sampler = cfg.sampler or (ShuffleSampler() if cfg.shuffle else SequentialSampler())
         self._quarantine = Quarantine(self.config.failure.quarantine)
         self._stats = LoaderStats()
         self._cursor = (0, 0)  # (epoch, next batch index)
         self._cached_plan: tuple = (None, None)
+        self._remainder: tuple | None = None  # (epoch, levels): an epoch resumed from other shards (merge_states)
         self._source_identity: dict | None = None  # computed once, when a state is first saved or loaded
         self._pool = None
         self._handoff = make_handoff(self.config)  # who makes each batch; measured anew with each new pool
@@ -87,13 +93,15 @@ class Loader:
         return Loader(self.source, config=self.config.replace(**changes))
 
     # -- plan ---------------------------------------------------------------------------
-    def _plan(self, epoch: int):
-        if self._cached_plan[0] != epoch:  # len(loader) is asked often; an order is O(N) to draw
+    def _plan(self, epoch: int) -> EpochPlan:
+        """Epoch ``epoch``'s plan for this shard: a few integers and a lazy order (``plan.py``)."""
+        if self._cached_plan[0] != epoch:  # an order may take a moment to key (or, custom, to draw)
             read, shard = self.config.read, self.config.sharding
-            order = self.sampler.epoch_order(len(self.source), read.seed, epoch)
-            plan = build_plan(order, batch_size=read.batch_size, shard_index=shard.shard_index,
-                              shard_count=shard.shard_count, last_batch=read.last_batch,
-                              with_draws=bool(getattr(self.sampler, "may_repeat", False)))
+            order = order_of(self.sampler, len(self.source), read.seed, epoch)
+            levels = self._remainder[1] if self._remainder and self._remainder[0] == epoch else []
+            plan = EpochPlan(order, batch_size=read.batch_size, shard_index=shard.shard_index,
+                             shard_count=shard.shard_count, last_batch=read.last_batch,
+                             remainder=remainder_chain(len(order), levels))
             self._cached_plan = (epoch, plan)
         return self._cached_plan[1]
 
@@ -140,7 +148,7 @@ class Loader:
             run = self._epoch_run(self._ensure_pool(), self._handoff, plan, epoch, start,
                                   self.config.execution.effective_prefetch, self._stats)
             skipped_before = self._quarantine.count(epoch)
-            planned = sum(spec.num_real for spec in plan)
+            planned = plan.num_real_total
             for outcome in run:
                 if outcome.spec.index == start:
                     self._stats.first_batch_seconds = time.perf_counter() - started
@@ -227,6 +235,7 @@ class Loader:
                 location=locate(self.source, failure.sample_id),
             ))
         self._stats.skipped += len(failures)
+        self._stats.count_components(self.source, (), [f.sample_id for f in failures])
         skipped = self._quarantine.count(epoch) - skipped_before
         if skipped > policy.max_error_fraction * planned:
             raise TooManyErrors(
@@ -241,7 +250,9 @@ class Loader:
         if batch is None:
             return None
         self._stats.batches += 1
-        self._stats.samples += int(np.count_nonzero(batch["mask"])) if "mask" in batch else len(batch["id"])
+        real = batch["id"][batch["mask"] > 0] if "mask" in batch else batch["id"]
+        self._stats.samples += len(real)
+        self._stats.count_components(self.source, real, ())
         return self._public(batch)
 
     def _sample_error(self, failure: SampleFailure, epoch: int, batch_index: int) -> SampleError:
@@ -283,30 +294,59 @@ class Loader:
 
     # -- resume ---------------------------------------------------------------------------
     def _fingerprint(self) -> dict:
-        """What a saved position depends on: the data (its size and identity) and the plan."""
-        read, shard = self.config.read, self.config.sharding
+        """What a saved position depends on: the data (its size and identity), the plan and
+        how orders are drawn (``ORDER_FORMAT``). The shard is kept apart (``"shard"``), so a
+        merged state (``merge_states``) can name none."""
+        read = self.config.read
         if self._source_identity is None:  # a fingerprint() may stat every file: once per loader
             self._source_identity = source_identity(self.source)
         return {"num_items": len(self.source), "source": self._source_identity, "batch_size": read.batch_size,
-                "seed": int(read.seed), "sampler": repr(self.sampler), "last_batch": read.last_batch,
-                "shard_index": shard.shard_index, "shard_count": shard.shard_count}
+                "seed": int(read.seed), "sampler": repr(self.sampler), "order": ORDER_FORMAT,
+                "last_batch": read.last_batch}
 
     def state_dict(self) -> dict:
-        """Where the loader stands: the next batch to hand out. JSON-serializable."""
+        """Where the loader stands: the next batch to hand out. JSON-serializable; the states of
+        all shards of a run merge (``steadyfeed.merge_states``) into one for another shard count."""
         epoch, next_batch = self._cursor
-        return {"format": STATE_FORMAT, "epoch": epoch, "next_batch": next_batch, "fingerprint": self._fingerprint()}
+        shard = self.config.sharding
+        levels = self._remainder[1] if self._remainder and self._remainder[0] == epoch else []
+        return {"format": STATE_FORMAT, "epoch": epoch, "next_batch": next_batch, "fingerprint": self._fingerprint(),
+                "shard": {"index": shard.shard_index, "count": shard.shard_count},
+                "order_length": len(self._plan(epoch).order),
+                "remainder": {"epoch": epoch, "levels": levels} if levels else None}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``; workers and mode may differ from the saving loader's, the
-        data and the plan may not (a state saved on other data of the same length is refused)."""
-        if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"not a steadyfeed loader state (format {state.get('format')!r}, expected {STATE_FORMAT!r})")
+        data and the plan may not (a state saved on other data of the same length is refused).
+        A state of one shard resumes that shard only; a merged one (``merge_states``) any shard."""
+        check_state_format(state)
         mine = self._fingerprint()
         diff = {k: (v, mine.get(k)) for k, v in state["fingerprint"].items() if mine.get(k) != v}
         if diff:
             detail = ", ".join(f"{k}: saved {a!r}, here {b!r}" for k, (a, b) in diff.items())
             raise ValueError(f"this state was saved by a loader with different data or a different plan ({detail})")
-        self.seek(int(state["epoch"]), int(state["next_batch"]))
+        self._check_shard(state.get("shard"))
+        epoch, before = int(state["epoch"]), (self._remainder, self._cached_plan)
+        rest = state.get("remainder")
+        self._remainder = (int(rest["epoch"]), list(rest["levels"])) if rest else None
+        self._cached_plan = (None, None)
+        try:
+            saved_length, length = state.get("order_length"), len(self._plan(epoch).order)
+            if saved_length is not None and saved_length != length:
+                raise ValueError(f"this state's epoch {epoch} has {saved_length} positions, here {length}")
+            self.seek(epoch, int(state["next_batch"]))
+        except BaseException:
+            self._remainder, self._cached_plan = before
+            raise
+
+    def _check_shard(self, saved: dict | None) -> None:
+        shard = self.config.sharding
+        if saved is None or (saved["index"], saved["count"]) == (shard.shard_index, shard.shard_count):
+            return
+        hint = ("; to resume on another number of shards, merge the states of all shards with "
+                "steadyfeed.merge_states(states)" if saved["count"] != shard.shard_count else "")
+        raise ValueError(f"this state was saved by shard {saved['index']} of {saved['count']}, this loader is shard "
+                         f"{shard.shard_index} of {shard.shard_count}{hint}")
 
     # -- frameworks (imported only when asked for) -------------------------------------
     def as_keras(self, x="x", y="y", sample_weight=None, *, steps_per_epoch: int | None = None,
@@ -354,11 +394,40 @@ class Loader:
                 f"mode={execution.mode!r}, sampler={self.sampler!r})")
 
 
+def refuse_unsupported(source: Any, execution: ExecutionOptions) -> None:
+    """Raise for a combination of source and execution that cannot work, saying what to use
+    instead: ``mode="ray"`` without Ray, or a source (or one it wraps) whose
+    ``unsupported(mode, workers)`` says why not (a Ray Dataset source in process mode)."""
+    mode, workers = execution.mode, execution.workers
+    if mode == "ray" and workers > 0 and importlib.util.find_spec("ray") is None:
+        raise ModuleNotFoundError("mode='ray' needs Ray: pip install 'steadyfeed[ray]', or use mode='thread' or "
+                                  "mode='process'")
+    layer = source
+    while layer is not None:
+        check = getattr(layer, "unsupported", None)
+        why = check(mode, workers) if callable(check) else None
+        if why:
+            raise ValueError(f"{layer!r} cannot be read with mode={mode!r}, workers={workers}: {why}")
+        layer = layer.source if isinstance(layer, SourceWrapper) else None
+
+
 def _shutdown_pool(state: dict) -> None:
     """Module-level so the finalizer holds no reference to the loader itself."""
     pool, state["_pool"] = state.get("_pool"), None
     if pool is not None:
         pool.shutdown()
+
+
+def check_state_format(state: dict) -> None:
+    """Refuse, saying why, anything but a loader state of this format."""
+    saved = state.get("format") if isinstance(state, dict) else None
+    if saved in _OLD_FORMATS:
+        raise ValueError(
+            f"this state was saved by an older steadyfeed ({saved}: {_OLD_FORMATS[saved]}); this version draws "
+            f"other orders ({STATE_FORMAT}, order {ORDER_FORMAT}), so the saved position would resume another "
+            "order: restart the epoch instead (loader.seek(epoch))")
+    if saved != STATE_FORMAT:
+        raise ValueError(f"not a steadyfeed loader state (format {saved!r}, expected {STATE_FORMAT!r})")
 
 
 def source_identity(source: Any) -> dict:

@@ -16,6 +16,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 TIMELINE_POINTS = 10_000  # the queue-fill timeline keeps the most recent points only
 STAGES = ("read", "transform", "collate", "transport")
 
@@ -37,12 +39,25 @@ class LoaderStats:
     # workers), "ray"; and, once process workers fell back from shared memory to pipes, why
     transport: str = "in-process"
     transport_fallback: str | None = None
+    components: dict = field(default_factory=dict)  # a Mixture's component name -> {"samples", "skipped"}
 
     def record_fill(self, ready: int) -> None:
         """Called as each batch is taken: the queue watermark at that moment."""
         self.fill_total += ready
         self.fill_max = max(self.fill_max, ready)
         self.fill_timeline.append((time.monotonic() - self.started, ready))
+
+    def count_components(self, source, delivered, skipped) -> None:
+        """Per component of a source that has them (``Mixture.components_of``): samples delivered and skipped."""
+        components_of = getattr(source, "components_of", None)
+        if components_of is None:
+            return
+        names = source.component_names
+        for key, ids in (("samples", delivered), ("skipped", skipped)):
+            if len(ids):
+                for component, count in zip(*np.unique(components_of(ids), return_counts=True)):
+                    entry = self.components.setdefault(names[component], {"samples": 0, "skipped": 0})
+                    entry[key] += int(count)
 
     def add_stages(self, timings: dict) -> None:
         for stage, seconds in timings.items():
@@ -63,6 +78,7 @@ class LoaderStats:
             "queue_fill_timeline": list(self.fill_timeline),
             "transport": self.transport,
             "transport_fallback": self.transport_fallback,
+            **({"components": {name: dict(c) for name, c in self.components.items()}} if self.components else {}),
         }
 
 

@@ -93,6 +93,11 @@ class WorkerPool(InlinePool):
     def _before_respawn(self, cause: str) -> None:
         """Called when a worker was lost, before its replacement starts."""
 
+    def _last_status(self, worker, cause: str, detail: str):
+        """``(running, detail)`` of a worker being lost: where it was, as the consumer last saw
+        it (a pool whose workers can say more after they are gone overrides this)."""
+        return worker.running(), detail
+
     def _wait_interval(self, timeout: float) -> float:
         """The longest single wait: timeouts must be looked at in time."""
         return timeout if self.timeout is None else min(timeout, max(self.timeout / 4, 0.01))
@@ -140,8 +145,10 @@ class WorkerPool(InlinePool):
 
     def _lose(self, wid: int, cause: str, detail: str) -> Lost:
         worker = self.workers.pop(wid)
-        running = worker.running()  # before it is stopped: where it was, not where it is found dead
-        worker.abandon()
+        try:
+            running, detail = self._last_status(worker, cause, detail)  # before it is stopped: where it was
+        finally:  # even when finding that out raises (a Ray cluster found gone): release what it holds
+            worker.abandon()
         self._before_respawn(cause)
         self._spawn()
         return Lost(tuple(worker.outstanding.values()), running, cause, detail)

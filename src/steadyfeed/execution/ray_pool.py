@@ -8,22 +8,33 @@ other mode, so batches are bit-identical to thread and process mode.
 
 Guarantees:
 
-* at most ``TASKS_PER_WORKER`` tasks per actor (one running, one queued);
-* an actor that dies (killed, crashed, its node lost) is reported as ``Lost(..., "died")``
-  and replaced, naming the sample it was on. An actor on the consumer's machine writes its
-  status into a shared-memory slot the consumer reads directly, as process workers do, so
-  the sample is exact; an actor on another node answers a ``status()`` call, polled every
-  ``STATUS_SECONDS``, so a death within one poll of starting a sample may be charged to the
-  sample before it (one attempt of its ``retries``);
+* at most ``TASKS_PER_WORKER`` tasks per actor (one running, one queued), and tasks go only
+  to actors that have started: actors start in the background, and one placed late (or a
+  replacement) joins when it runs, never holding a batch while it waits for a CPU;
+* an actor that dies (killed, crashed, its node lost) is reported as ``Lost(..., "died")`` at
+  once and replaced in the background, so its batches re-run on the actors still running and
+  the epoch goes on at reduced parallelism. Who is charged (``_last_status``):
+
+  - its node still up: the sample the actor itself last recorded as running. Each actor
+    writes its status into a shared-memory slot before every sample: on the consumer's node
+    the consumer's own slot, read directly; on any other node a slot in that node's
+    ``/dev/shm``, which outlives the actor and which this pool's agent on that node
+    (``NodeAgent``, no CPU) reads after the death. So the sample is exact whatever the timing;
+  - its node lost (the cluster lists it as dead, or its raylet does not accept a connection):
+    no sample, since the node went, not the sample; the tasks re-run uncharged (the
+    scheduler bounds deaths that charge no sample);
+
+* ``RayClusterLost`` (naming the address) when no actor of the pool has been running for
+  ``START_SECONDS`` (none could be placed, or all were lost and no replacement could be), or
+  when the head is gone (its GCS port is checked on every death). An actor still waiting
+  after ``START_SECONDS`` while others run is named once in a ``RuntimeWarning``. (If only
+  the head's GCS process dies while the actors live on, batches keep coming until Ray itself
+  ends the driver after its GCS reconnect timeout, 60 s by default.);
 * a sample running past ``timeout`` is ``Lost(..., "timeout")``: the actor is killed
-  (``ray.kill``) and replaced (on another node, detection lags by up to one poll, and only
-  the actor's own report of its elapsed time counts, so a stale view never kills it);
-* a cluster that goes away (``ray.shutdown()``, the head's node lost with the actors on it)
-  raises :class:`RayClusterLost` naming its address within seconds, and actors that cannot be
-  started within ``START_SECONDS`` raise it too, instead of waiting. (If only the head's GCS
-  process dies while the actors live on, batches keep coming until Ray itself ends the driver
-  after its GCS reconnect timeout, 60 s by default.);
-* ``shutdown()`` kills every actor of this pool.
+  (``ray.kill``) and replaced (off the consumer's node, detection lags by up to one
+  ``status()`` poll, and only the actor's own report of its elapsed time counts, so a stale
+  view never kills it);
+* ``shutdown()`` kills every actor and agent of this pool and removes its status slots.
 """
 from __future__ import annotations
 
@@ -31,27 +42,32 @@ import mmap
 import os
 import socket
 import time
+import warnings
 from collections import OrderedDict
 
 import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RaySystemError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..errors import RayClusterLost
 from . import shm
 from .batch import run_batch
-from .pool import WorkerPool
-from .protocol import Event
+from .pool import TASKS_PER_WORKER, WorkerPool
+from .protocol import Event, Lost
 from .task import BatchResult, BatchTask, Running, StatusSlot, WorkContext, as_position
 from .workers import portable
 
-STATUS_SECONDS = 0.05  # how stale the consumer's view of an actor's position may get
-POLL_SECONDS = 0.1  # longest single wait, so status polls and timeouts keep running
-START_SECONDS = 60.0  # actors not placed by then: the cluster lacks the CPUs asked for
+STATUS_SECONDS = 0.05  # how stale the consumer's view of a remote actor's position may get (timeouts)
+POLL_SECONDS = 0.1  # longest single wait, so placements, status polls and timeouts keep running
+START_SECONDS = 60.0  # no actor running for this long: the cluster lacks the CPUs asked for, or its nodes
+AGENT_SECONDS = 30.0  # longest wait for a node agent's answer (it may still be starting)
+SWEEP_SECONDS = 5.0  # longest wait, at shutdown, for the agents to remove the status slots
 ACTOR_PREFIX = "steadyfeed-"
-HEAD_PROBE_SECONDS = 2.0  # a head that does not accept a TCP connection by then is taken as gone
+ACTOR_OPTIONS = {"num_cpus": 1}  # what each actor asks of the cluster (tests add resources to pin a node)
+HEAD_PROBE_SECONDS = 2.0  # a head or raylet that does not accept a TCP connection by then is taken as gone
 SHM_DIR = "/dev/shm"  # where POSIX shared memory appears as files on Linux
-NOT_ATTACHED = -2.0  # the consumer's mark in a status slot no actor has attached to (yet)
+SLOT_BYTES = 24  # a StatusSlot: three float64 cells
 
 
 @ray.remote(concurrency_groups={"status": 1})
@@ -59,14 +75,26 @@ class BatchActor:
     """Runs tasks one at a time (default group, max_concurrency=1); ``status`` answers from
     its own thread meanwhile, so a hung or slow sample can be seen from outside."""
 
-    def __init__(self, ctx: WorkContext, status_name: str):
+    def __init__(self, ctx: WorkContext, shared_slot: str, consumer_node: str, own_slot: str):
         self.ctx = ctx
-        self._status_map = _attach_status(status_name)  # None on another node: status() is polled
-        cells = [-1, -1, 0.0] if self._status_map is None else np.ndarray((3,), np.float64, buffer=self._status_map)
-        self.slot = StatusSlot(cells)  # marks the slot attached (task id -1: idle)
+        self.node_id = ray.get_runtime_context().get_node_id()
+        # the consumer's slot only on the consumer's node (a second node on the same machine
+        # sees the same /dev/shm, but is another node: it keeps its own slot, as a remote one)
+        self._map = _map_slot(shared_slot) if shared_slot and self.node_id == consumer_node else None
+        self.kept = "shared" if self._map is not None else None
+        if self._map is None:
+            self._map = _create_slot(own_slot)  # None without /dev/shm: deaths then charge no sample
+            self.kept = None if self._map is None else own_slot
+        cells = [-1, -1, 0.0] if self._map is None else np.ndarray((3,), np.float64, buffer=self._map)
+        self.slot = StatusSlot(cells)  # idle (task id -1) before anything else reads it
 
     def run(self, task: BatchTask) -> BatchResult:
         return portable(run_batch(task, self.ctx, self.slot))
+
+    @ray.method(concurrency_group="status")
+    def started(self) -> tuple:
+        """(pid, node id, where the status is kept: "shared", the own slot's name, or None)."""
+        return os.getpid(), self.node_id, self.kept
 
     @ray.method(concurrency_group="status")
     def status(self):
@@ -79,17 +107,68 @@ class BatchActor:
         return os.getpid()
 
 
-def _attach_status(name: str):
+@ray.remote(num_cpus=0, max_restarts=0)
+class NodeAgent:
+    """This pool's helper on one node with actors that keep their own status slots: reads the
+    slot a dead actor left behind, and removes the pool's slots at the end."""
+
+    def last_status(self, name: str):
+        """The three cells the actor last wrote (then the slot is removed), or None if it has none."""
+        path = os.path.join(SHM_DIR, name)
+        try:
+            with open(path, "rb") as f:
+                cells = np.frombuffer(f.read(SLOT_BYTES), np.float64)
+        except OSError:
+            return None
+        _unlink(path)
+        return tuple(float(c) for c in cells) if len(cells) == 3 else None
+
+    def sweep(self, prefix: str) -> int:
+        return _sweep(prefix)
+
+
+def _map_slot(name: str):
     """The consumer's status slot, mapped without multiprocessing's resource tracker (whose
     copy in this non-multiprocessing process would unlink the slot when the actor dies)."""
     try:
         fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
     except OSError:
-        return None  # another machine (or no /dev/shm): fall back to polled status
+        return None  # not the consumer's machine after all (Ray Client): keep an own slot
     try:
-        return mmap.mmap(fd, 24)
+        return mmap.mmap(fd, SLOT_BYTES)
     finally:
         os.close(fd)
+
+
+def _create_slot(name: str):
+    """A slot of the actor's own that outlives it (no resource tracker either), for the agent to read."""
+    try:
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:
+        return None
+    try:
+        os.ftruncate(fd, SLOT_BYTES)
+        return mmap.mmap(fd, SLOT_BYTES)
+    finally:
+        os.close(fd)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _sweep(prefix: str) -> int:
+    """Remove this machine's slots named ``prefix...``; how many there were."""
+    try:
+        names = [n for n in os.listdir(SHM_DIR) if n.startswith(prefix)]
+    except OSError:
+        return 0
+    for name in names:
+        _unlink(os.path.join(SHM_DIR, name))
+    return len(names)
 
 
 class _Actor:
@@ -103,19 +182,27 @@ class _Actor:
         self.polled: tuple | None = None  # last status() answer: (task_id, position, seconds)
         self.status_ref = None
         self.status_asked = 0.0
-        self.started_ref = handle.pid.remote()  # resolves once the actor runs (or failed to start)
+        self.started_ref = handle.started.remote()  # resolves once the actor runs (or failed to start)
         self.spawned = time.monotonic()
+        self.placed = False
+        self.pid = self.node_id = self.kept = None
+        self.warned_late = False
+
+    def place(self, info: tuple) -> None:
+        self.pid, self.node_id, self.kept = info
+        self.placed = True
 
     @property
     def attached(self) -> bool:
-        return self.cells is not None and self.cells[0] != NOT_ATTACHED
+        """Its status is the consumer's own shared-memory slot (an actor on the consumer's node)."""
+        return self.kept == "shared" and self.cells is not None
 
     def send(self, task: BatchTask) -> None:
         self.outstanding[task.task_id] = task
         self.pending[self.handle.run.remote(task)] = task.task_id
 
     def running(self) -> Running | None:
-        """From the shared slot on the consumer's machine; else the actor's own last answer
+        """From the shared slot on the consumer's node; else the actor's own last answer
         (elapsed as the actor measured it: never a stale guess of ours)."""
         if self.attached:
             task_id, position, started = self.cells[0], self.cells[1], self.cells[2]
@@ -157,13 +244,18 @@ def ray_init_options(address: str | None = None, num_cpus: int | None = None, **
 
 
 class RayPool(WorkerPool):
-    share_status = True  # False: every actor answers status() calls, as on a remote node (tests)
+    share_status = True  # False: actors on the consumer's node keep their own slots too, as remote ones (tests)
 
     def __init__(self, ctx: WorkContext, size: int, timeout: float | None):
         self.address = connect()
+        self.node_id = ray.get_runtime_context().get_node_id()  # the consumer's node
         self.token = shm.owner_token()  # names our actors and status slots (the leak checks look for it)
+        self._own_slots = f"{shm.PREFIX}{self.token}a"  # prefix of the slots actors keep on their nodes
         self._cluster_lost = False  # then no more Ray calls: they would block on the missing head
         self._ctx_ref = ray.put(ctx)  # one copy, shared by every actor and every respawn
+        self._agents: dict[str, object] = {}  # node id -> NodeAgent
+        self._lost_nodes: set[str] = set()
+        self._idle_since: float | None = time.monotonic()  # since when no actor has been running
         super().__init__(ctx, size, timeout)
 
     def cluster_alive(self) -> bool:
@@ -172,44 +264,71 @@ class RayPool(WorkerPool):
     # -- actors -------------------------------------------------------------------------
     def _new_worker(self, wid: int) -> _Actor:
         segment = shm.create_status(f"{self.token}r{wid}")
-        shm.status_cells(segment)[0] = NOT_ATTACHED  # before the actor exists, so its mark always wins
+        shm.status_cells(segment)[0] = -1  # idle until the actor writes it
         try:
             handle = BatchActor.options(
-                name=f"{ACTOR_PREFIX}{self.token}-{wid}", num_cpus=1, max_concurrency=1,
+                name=f"{ACTOR_PREFIX}{self.token}-{wid}", max_concurrency=1, **ACTOR_OPTIONS,
                 max_restarts=0, max_task_retries=0,  # the scheduler decides what a lost task becomes
-            ).remote(self._ctx_ref, segment.name if self.share_status else "")
+            ).remote(self._ctx_ref, segment.name if self.share_status else "", self.node_id, f"{self._own_slots}{wid}")
         except BaseException:
             shm.release(segment)
             raise
         return _Actor(wid, handle, segment, self)
 
-    def _started(self) -> None:
-        refs = [a.started_ref for a in self.workers.values()]
-        ready, _ = self._guard(ray.wait, refs, num_returns=len(refs), timeout=START_SECONDS)
-        for actor in self.workers.values():
-            if actor.started_ref in ready:
-                actor.started_ref = None
-        self._check_started()
+    def _running_actors(self) -> list[_Actor]:
+        return [a for a in self.workers.values() if a.placed]
 
-    def _check_started(self) -> None:
-        """A never-placed actor would leave the epoch waiting forever: raise instead."""
-        waiting = [a for a in self.workers.values() if a.started_ref is not None]
-        if waiting:
-            ready, _ = self._guard(ray.wait, [a.started_ref for a in waiting], num_returns=len(waiting), timeout=0)
-            for actor in waiting:
-                if actor.started_ref in ready:
-                    actor.started_ref = None
-        late = [a for a in self.workers.values() if a.started_ref is not None and time.monotonic() - a.spawned > START_SECONDS]
-        if late:
+    def _on_started(self, actor: _Actor) -> list[Event]:
+        ref, actor.started_ref = actor.started_ref, None
+        try:
+            info = self._guard(ray.get, ref)
+        except RayError as exc:  # it never ran: e.g. the source or transform fails to unpickle there
+            return [self._lose(actor.wid, "died", f"Ray actor failed to start: {_first_line(exc)}")]
+        actor.place(info)
+        self._idle_since = None
+        if actor.kept not in (None, "shared") and actor.node_id not in self._agents:
+            self._agents[actor.node_id] = NodeAgent.options(
+                name=f"{ACTOR_PREFIX}{self.token}-agent-{actor.node_id[:12]}",
+                scheduling_strategy=NodeAffinitySchedulingStrategy(actor.node_id, soft=False),
+            ).remote()  # started now, so it is up by the time an actor there dies
+        return []
+
+    def _check_placement(self) -> None:
+        """Raise when no actor has run for START_SECONDS; name actors still waiting, once."""
+        now = time.monotonic()
+        if self._idle_since is not None and now - self._idle_since > START_SECONDS:
             raise RayClusterLost(
-                f"{len(late)} of {len(self.workers)} Ray actors did not start within {START_SECONDS:.0f}s on the "
-                f"cluster at {self.address}; each needs 1 CPU ({_available_cpus()} available now). Lower workers, "
-                "give the cluster more CPUs, or check that its nodes are alive.", address=self.address,
+                f"no Ray actor of this loader has been running for {START_SECONDS:.0f}s on the cluster at "
+                f"{self.address}: {len(self.workers)} waiting to start, each needs {_needs()} "
+                f"({_available_cpus()} CPUs available now). Lower workers, give the cluster more CPUs, or check "
+                "that its nodes are alive.", address=self.address,
+            )
+        late = [a for a in self.workers.values() if not a.placed and not a.warned_late and now - a.spawned > START_SECONDS]
+        if late:
+            for actor in late:
+                actor.warned_late = True
+            warnings.warn(
+                f"{len(late)} of {len(self.workers)} Ray actors not started within {START_SECONDS:.0f}s on the "
+                f"cluster at {self.address} (each needs {_needs()}; {_available_cpus()} CPUs available now): the "
+                f"epoch runs on the {len(self._running_actors())} running, and the others join when placed.",
+                RuntimeWarning, stacklevel=2,
             )
 
     def actor_pids(self) -> list[int]:
-        """Process ids of this pool's live actors (for tests and diagnostics)."""
-        return self._guard(ray.get, [a.handle.pid.remote() for a in self.workers.values()], timeout=10)
+        """Process ids of this pool's running actors (for tests and diagnostics)."""
+        return [a.pid for a in self._running_actors()]
+
+    def actor_nodes(self) -> dict[int, str]:
+        """Worker id -> node id of this pool's running actors (for tests and diagnostics)."""
+        return {a.wid: a.node_id for a in self._running_actors()}
+
+    # -- the protocol, on running actors only ---------------------------------------------
+    def free_slots(self) -> int:
+        return sum(TASKS_PER_WORKER - len(a.outstanding) for a in self._running_actors())
+
+    def submit(self, task: BatchTask) -> None:
+        actor = min(self._running_actors(), key=lambda a: len(a.outstanding))
+        actor.send(self._prepare(task, actor))
 
     # -- the WorkerPool hooks -------------------------------------------------------------
     def _prepare(self, task: BatchTask, worker: _Actor) -> BatchTask:
@@ -220,21 +339,85 @@ class RayPool(WorkerPool):
         return min(timeout, POLL_SECONDS)
 
     def _check(self) -> list[Event]:
+        self._check_placement()
         self._poll_status()
         return self._expire_timeouts()
 
-    def _before_respawn(self, cause: str) -> None:
-        if cause == "died":
-            self._check_head()  # actors die with their node: was it the head?
+    def _lose(self, wid: int, cause: str, detail: str) -> Lost:
+        lost = super()._lose(wid, cause, detail)  # its replacement only starts: it joins when placed
+        if self._idle_since is None and not self._running_actors():
+            self._idle_since = time.monotonic()
+        return lost
+
+    def _last_status(self, actor: _Actor, cause: str, detail: str):
+        """Where a lost actor was: what it wrote itself, or nothing when its node went (module doc)."""
+        if cause != "died":
+            return actor.running(), detail  # a timeout: the actor's own report of a sample past it
+        self._check_head()  # actors die with their node: was it the head?
+        if not actor.placed:
+            return None, detail
+        gone = self._node_gone(actor.node_id)
+        if gone is not None:
+            self._lost_nodes.add(actor.node_id)
+            return None, f"{detail}; its node {actor.node_id[:12]} was lost ({gone}), so no sample is charged"
+        if actor.attached:
+            return actor.running(), detail
+        return self._left_status(actor, detail)
+
+    def _left_status(self, actor: _Actor, detail: str):
+        """The status a dead actor left in its own slot, read on its node by this pool's agent there."""
+        if actor.kept is None:
+            return None, f"{detail}; it could keep no status on its node (no {SHM_DIR}), so no sample is charged"
+        try:
+            left = ray.get(self._agents[actor.node_id].last_status.remote(actor.kept), timeout=AGENT_SECONDS)
+        except RayError as exc:  # GetTimeoutError included: an agent that cannot answer blames nobody
+            return None, f"{detail}; its last status could not be read on its node ({_first_line(exc)}), so no " \
+                         "sample is charged"
+        if left is None or left[0] < 0:
+            return None, detail
+        return Running(int(left[0]), as_position(left[1]), 0.0), detail
+
+    def _node_gone(self, node_id: str) -> str | None:
+        """Why the node is lost (listed dead, or its raylet refuses connections), or None if it is up."""
+        node = next((n for n in self._guard(ray.nodes) if n["NodeID"] == node_id), None)
+        if node is None or not node["Alive"]:
+            return "the cluster lists it as dead"
+        try:
+            socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])),
+                                     timeout=HEAD_PROBE_SECONDS).close()
+        except OSError as exc:
+            return f"its raylet does not answer: {exc}"
+        return None
 
     def shutdown(self) -> None:
-        super().shutdown()
-        self._ctx_ref = None
+        try:
+            super().shutdown()
+        finally:
+            self._close_agents()
+            self._ctx_ref = None
+
+    def _close_agents(self) -> None:
+        agents, self._agents = self._agents, {}
+        live = {node: a for node, a in agents.items() if node not in self._lost_nodes}
+        if live and self.cluster_alive():
+            try:
+                ray.wait([a.sweep.remote(self._own_slots) for a in live.values()], num_returns=len(live),
+                         timeout=SWEEP_SECONDS)
+            except RayError:
+                pass  # a node that went meanwhile: its slots went with it
+        if self.cluster_alive():
+            for agent in agents.values():
+                _kill(agent)
+        _sweep(self._own_slots)  # nodes that shared the consumer's machine and died left theirs here
 
     # -- results and deaths ---------------------------------------------------------------
     def _collect(self, timeout: float) -> list[Event]:
         self._check_cluster()
-        owners = {ref: actor for actor in self.workers.values() for ref in actor.pending}
+        owners = {}
+        for actor in self.workers.values():
+            owners.update(dict.fromkeys(actor.pending, actor))
+            if actor.started_ref is not None:  # a placement wakes the wait too
+                owners[actor.started_ref] = actor
         if not owners:
             time.sleep(timeout)
             return []
@@ -245,8 +428,9 @@ class RayPool(WorkerPool):
         events = []
         for ref in ready:
             actor = owners[ref]
-            if self.workers.get(actor.wid) is actor:  # a loss earlier in this loop may have replaced it
-                events.extend(self._receive(actor, ref))
+            if self.workers.get(actor.wid) is not actor:  # a loss earlier in this loop may have replaced it
+                continue
+            events.extend(self._receive(actor, ref) if ref in actor.pending else self._on_started(actor))
         return events
 
     def _receive(self, actor: _Actor, ref) -> list[Event]:
@@ -263,9 +447,10 @@ class RayPool(WorkerPool):
         arrays = _owned(result.arrays)
         return self._done(actor.wid, result.received(arrays, time.perf_counter() - t0))
 
-    # -- status: where each actor is, and whether it is stuck ------------------------------
+    # -- status of remote actors, for timeouts ---------------------------------------------
     def _poll_status(self) -> None:
-        self._check_started()
+        if self.timeout is None:
+            return  # only timeouts need a live view; a death is charged from the slot the actor left
         now = time.monotonic()
         asked = {a.status_ref: a for a in self.workers.values() if a.status_ref is not None}
         if asked:  # one non-blocking wait for all answers: this runs once per batch
@@ -277,7 +462,7 @@ class RayPool(WorkerPool):
                 except RayError:
                     pass  # the actor is dying; its run task reports that
                 actor.status_ref = None
-        for actor in self.workers.values():
+        for actor in self._running_actors():
             if actor.attached or actor.status_ref is not None or not actor.outstanding:
                 continue  # a co-located actor's slot is read directly: no calls needed
             if now - actor.status_asked >= STATUS_SECONDS:
@@ -312,6 +497,12 @@ class RayPool(WorkerPool):
             if "owner is unknown" in str(exc):
                 raise self._lost("its objects are gone") from exc
             raise
+
+
+def _needs() -> str:
+    """What one actor asks for, for messages: "1 CPU" and any resources added to ACTOR_OPTIONS."""
+    extra = ACTOR_OPTIONS.get("resources") or {}
+    return ", ".join([f"{ACTOR_OPTIONS.get('num_cpus', 1)} CPU", *(f"{v} {k}" for k, v in extra.items())])
 
 
 def _available_cpus():

@@ -1,13 +1,19 @@
-"""The plan of one epoch for one shard: which ids go into which batch.
+"""The plan of one epoch for one shard: which ids go into which batch, computed on demand.
 
 The plan is computed in the consumer from (sampler, seed, epoch, shard) alone, so it
 is identical for every worker count and execution mode; workers only carry it out.
+:class:`EpochPlan` holds a few integers and the epoch's lazy order: ``plan[i]`` computes
+batch ``i``'s :class:`BatchSpec` from arithmetic on its positions, ``len(plan)`` and the
+sample counts are closed forms, so a plan over 10**12 samples costs what one over 10 does.
 
 Sharding splits the global order round-robin (replica r takes positions r, r+R, ...).
 With ``last_batch="drop"`` every replica keeps ``N // R`` samples and full batches only;
 with ``"pad"`` every replica has ``ceil(N / R)`` slots and its last batch is padded to
 ``batch_size`` with masked rows; either way every replica gets the same number of
 batches. With ``"partial"`` replicas may differ by one sample (and so one batch).
+
+An epoch resumed on another number of shards (``elastic.py``) is planned the same way
+over what was left of it: ``remainder`` maps the plan's positions back to the order's.
 """
 from __future__ import annotations
 
@@ -18,8 +24,11 @@ from typing import Literal
 
 import numpy as np
 
+from .samplers import ArrayOrder
+
 LastBatch = Literal["partial", "drop", "pad"]
 LAST_BATCH_POLICIES: tuple[str, ...] = typing.get_args(LastBatch)
+BLOCK_IDS = 4096  # positions computed per pass over the order (a few batches' worth: constant memory)
 
 
 @dataclass(frozen=True)
@@ -33,25 +42,88 @@ class BatchSpec:
     num_real: int  # ids[num_real:] are fillers, read only to give padded rows a shape (masked)
 
 
-def draw_numbers(order: np.ndarray) -> np.ndarray:
-    """For each position, how many times its id already appeared earlier in ``order``."""
-    sorter = np.argsort(order, kind="stable")
-    sorted_ids = order[sorter]
-    starts = np.r_[0, np.flatnonzero(np.diff(sorted_ids)) + 1]
-    run_lengths = np.diff(np.r_[starts, len(order)])
-    within_run = np.arange(len(order)) - np.repeat(starts, run_lengths)
-    draws = np.empty(len(order), dtype=np.int64)
-    draws[sorter] = within_run
-    return draws
-
-
-def shard_order(order: np.ndarray, shard_index: int, shard_count: int, last_batch: str) -> tuple[np.ndarray, int]:
-    """This replica's ids and the number of slots it must fill (for padding)."""
+def shard_size(length: int, shard_index: int, shard_count: int, last_batch: str) -> int:
+    """How many positions of an order of ``length`` shard ``shard_index`` takes (its real samples)."""
     if last_batch == "drop":
-        order = order[: (len(order) // shard_count) * shard_count]
-    mine = order[shard_index::shard_count]
-    slots = math.ceil(len(order) / shard_count) if last_batch == "pad" else len(mine)
-    return mine, slots
+        return length // shard_count
+    return max(0, -(-(length - shard_index) // shard_count))
+
+
+class EpochPlan:
+    """The batches of one epoch of one shard, each computed when asked for.
+
+    ``order`` is the epoch's lazy order (``samplers.Order``); ``remainder`` (optional)
+    maps this plan's positions to the order's (an elastic resume, ``elastic.Remainder``).
+    A batch's ``draws`` are the order positions of its ids when the order may repeat ids,
+    so every appearance of an id gets its own random stream.
+    """
+
+    def __init__(self, order, *, batch_size: int, shard_index: int, shard_count: int, last_batch: str,
+                 remainder=None):
+        self.order, self.remainder = order, remainder
+        self.batch_size, self.shard_index, self.shard_count = int(batch_size), int(shard_index), int(shard_count)
+        self.last_batch = last_batch
+        self.length = len(remainder) if remainder is not None else len(order)  # positions being sharded
+        self.num_real_total = shard_size(self.length, self.shard_index, self.shard_count, last_batch)
+        slots = math.ceil(self.length / self.shard_count) if last_batch == "pad" else self.num_real_total
+        if last_batch == "drop":
+            self.num_batches = slots // self.batch_size
+            self.num_real_total = self.num_batches * self.batch_size
+        else:
+            self.num_batches = math.ceil(slots / self.batch_size)
+        self._draws = bool(getattr(order, "may_repeat", False))
+        self._block: tuple | None = None  # (first, stop, ids, positions) of the latest block of positions
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def delivered_before(self, batch_index: int) -> int:
+        """How many of this shard's positions batches ``0..batch_index-1`` hold."""
+        return min(int(batch_index) * self.batch_size, self.num_real_total)
+
+    def order_positions(self, plan_positions: np.ndarray) -> np.ndarray:
+        """Where ``plan_positions`` (positions being sharded) lie in the epoch's order."""
+        return plan_positions if self.remainder is None else self.remainder.take(plan_positions)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.num_batches))]
+        index = int(index)
+        if index < 0:
+            index += self.num_batches
+        if not 0 <= index < self.num_batches:
+            raise IndexError(f"batch {index} out of range: the plan has {self.num_batches} batches")
+        lo = index * self.batch_size
+        hi = min(lo + self.batch_size, self.num_real_total)
+        num_real = max(0, hi - lo)
+        if num_real:
+            ids, positions = self._block_for(lo, hi)
+        else:  # a batch made only of shard padding: borrow one id for its shape
+            positions = self.order_positions(np.zeros(1, np.int64))
+            ids = self.order.take(positions)
+        return BatchSpec(index=index, ids=ids, draws=positions if self._draws else None,
+                         pad_to=self.batch_size if self.last_batch == "pad" else None, num_real=num_real)
+
+    def _block_for(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and order positions of this shard's positions ``lo..hi-1``, computed a block of
+        about ``BLOCK_IDS`` positions at a time: one vectorised pass over the order serves many
+        batches (the order's cost is per call more than per id). Constant memory: one block."""
+        block = self._block  # one read: a tuple replaced whole, never changed in place
+        if block is None or not block[0] <= lo < hi <= block[1]:
+            start = lo
+            stop = min(self.num_real_total, start + max(BLOCK_IDS // self.batch_size, 1) * self.batch_size)
+            local = np.arange(start, stop, dtype=np.int64)
+            positions = self.order_positions(self.shard_index + self.shard_count * local)
+            block = self._block = (start, stop, self.order.take(positions), positions)
+        start = block[0]
+        return block[2][lo - start:hi - start].copy(), block[3][lo - start:hi - start].copy()
+
+    def __iter__(self):
+        return (self[i] for i in range(self.num_batches))
+
+    def __repr__(self) -> str:
+        return (f"EpochPlan({self.num_batches} batches of {self.batch_size}, shard {self.shard_index} of "
+                f"{self.shard_count}, last_batch={self.last_batch!r}, {self.length} positions)")
 
 
 def build_plan(
@@ -62,32 +134,7 @@ def build_plan(
     shard_count: int,
     last_batch: str,
     with_draws: bool,
-) -> list[BatchSpec]:
-    draws_all = draw_numbers(order) if with_draws else None
-    positions = np.arange(len(order))
-    mine, slots = shard_order(positions, shard_index, shard_count, last_batch)
-    ids = order[mine]
-    draws = draws_all[mine] if draws_all is not None else None
-    if last_batch == "drop":
-        num_batches = slots // batch_size
-    else:
-        num_batches = math.ceil(slots / batch_size)
-    plan = []
-    for b in range(num_batches):
-        lo, hi = b * batch_size, min((b + 1) * batch_size, len(ids))
-        batch_ids = ids[lo:hi]
-        batch_draws = None if draws is None else draws[lo:hi]
-        num_real = len(batch_ids)
-        if num_real == 0:  # a batch made only of shard padding: borrow one id for its shape
-            batch_ids = order[:1]
-            batch_draws = None if draws is None else draws_all[:1]
-        plan.append(
-            BatchSpec(
-                index=b,
-                ids=batch_ids,
-                draws=batch_draws,
-                pad_to=batch_size if last_batch == "pad" else None,
-                num_real=num_real,
-            )
-        )
-    return plan
+) -> EpochPlan:
+    """The plan of an order given as an array (``with_draws``: its ids may repeat)."""
+    return EpochPlan(ArrayOrder(order, may_repeat=with_draws), batch_size=batch_size, shard_index=shard_index,
+                     shard_count=shard_count, last_batch=last_batch)

@@ -8,7 +8,8 @@ distinct (seed, epoch, id, draw) tuples give unrelated streams that cannot overl
 Setting a counter costs about a microsecond, so every sample can afford its own stream.
 
 ``draw`` tells apart repeated draws of one id within an epoch (weighted sampling with
-replacement), so each repetition gets its own augmentation.
+replacement), so each repetition gets its own augmentation: it is the appearance's position
+in the epoch's order (0 for samplers that never repeat an id).
 """
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from .array import ArraySource
 from .base import Source
 from .cache import DiskCache, MemoryCache
 from .csv_rows import CsvSource
+from .mixture import Mixture
 from .npy import NpyArray, NpyPairs, read_npy
 from .tfrecord import TFRecordSource
 
@@ -21,7 +22,7 @@ OPTIONAL = {
     "WebDatasetSource": ".webdataset",
 }
 
-__all__ = ["ArraySource", "CsvSource", "DiskCache", "MemoryCache", "NpyArray", "NpyPairs", "Source", "TFRecordSource", "read_npy", *OPTIONAL]
+__all__ = ["ArraySource", "CsvSource", "DiskCache", "MemoryCache", "Mixture", "NpyArray", "NpyPairs", "Source", "TFRecordSource", "read_npy", *OPTIONAL]
 
 
 def __getattr__(name: str):

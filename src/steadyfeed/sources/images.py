@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import DataError
 from .base import file_fingerprint
+from .listing import RelativePaths, cached_listing, list_tree
 
 try:
     import simplejpeg
@@ -206,29 +207,45 @@ class ImageFolder(ImageReader):
     """
 
     def __init__(self, root, size=None, channels=3, *, extensions=IMAGE_EXTENSIONS,
-                 max_pixels=MAX_PIXELS, max_bytes=MAX_BYTES):
+                 max_pixels=MAX_PIXELS, max_bytes=MAX_BYTES, cache_dir=None, progress=True):
         super().__init__(size, channels, max_pixels=max_pixels, max_bytes=max_bytes)
         self.root = os.path.abspath(os.fspath(root))
         self.extensions = frozenset("." + e.lower().lstrip(".") for e in extensions)
-        tree = scan_tree(self.root, self.extensions)
-        if tree.empty:
-            raise next(iter(tree.empty.values()))
-        self.classes = tree.classes
+        self.classes = _class_names(self.root)
         self.class_to_label = {name: label for label, name in enumerate(self.classes)}
-        per_class = [tree.images[name] for name in self.classes]
-        self.files = [path for found in per_class for path in found]
-        self.labels = np.repeat(np.arange(len(per_class), dtype=np.int64), [len(f) for f in per_class])
+        keep = _image_filter(self.extensions)
+        options = "\0".join([*sorted(self.extensions), "", *self.classes])
+        self._listing = cached_listing(self.root, "images", options, cache_dir=cache_dir, build=lambda: list_tree(
+            self.root, self.classes, keep=keep, progress=progress))
+        counts = np.diff(self._listing.group_starts)
+        if not counts.all():
+            name = self.classes[int(np.flatnonzero(counts == 0)[0])]
+            raise _no_images(os.path.join(self.root, name), self.extensions)
+
+    @property
+    def files(self) -> RelativePaths:
+        """Each sample's file, as an absolute path (read from the compact listing on demand)."""
+        return RelativePaths(self._listing, absolute=True)
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Each sample's label (int64), built on demand: the listing keeps only where classes start."""
+        starts = self._listing.group_starts
+        return np.repeat(np.arange(len(starts) - 1, dtype=np.int64), np.diff(starts))
 
     def __len__(self) -> int:
-        return len(self.files)
+        return len(self._listing)
+
+    def _label(self, i: int) -> np.int64:
+        return np.int64(np.searchsorted(self._listing.group_starts, i, side="right") - 1)
 
     def __getitem__(self, i: int) -> dict:
-        if not 0 <= i < len(self.files):
-            raise IndexError(f"sample id {i} out of range for ImageFolder of length {len(self.files)}")
-        return {"x": self.load(self.files[i]), "y": self.labels[i]}
+        if not 0 <= i < len(self._listing):
+            raise IndexError(f"sample id {i} out of range for ImageFolder of length {len(self._listing)}")
+        return {"x": self.load(self._listing.path(i)), "y": self._label(i)}
 
     def locate(self, i: int) -> str:
-        return self.files[i]
+        return self._listing.path(i)
 
     def fingerprint(self) -> str:
         """Changes when a file is added, removed, renamed or modified, or the output settings change."""
@@ -236,7 +253,7 @@ class ImageFolder(ImageReader):
         return hashlib.sha256(settings + file_fingerprint(self.files).encode()).hexdigest()
 
     def __repr__(self) -> str:
-        return (f"ImageFolder({self.root!r}, {len(self.files)} images, {len(self.classes)} classes, "
+        return (f"ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes, "
                 f"size={self.size}, channels={self.channels})")
 
 
@@ -275,8 +292,9 @@ class ImageTree:
 
 
 def scan_tree(root, extensions=IMAGE_EXTENSIONS) -> ImageTree:
-    """``root/<class>/**/<image>`` listed by ImageFolder's rules (its class docstring): the one
-    place they live, so ``steadyfeed inspect`` lists exactly what a loader would read."""
+    """``root/<class>/**/<image>`` listed by ImageFolder's rules (its class docstring, and
+    ``listing.list_tree``, which ImageFolder lists with), so ``steadyfeed inspect`` lists
+    exactly what a loader would read."""
     root = os.path.abspath(os.fspath(root))
     extensions = frozenset("." + e.lower().lstrip(".") for e in extensions)
     classes = _class_names(root)
@@ -285,14 +303,27 @@ def scan_tree(root, extensions=IMAGE_EXTENSIONS) -> ImageTree:
         tree.ignored += [(e.path, "not in a class folder") for e in entries
                          if not e.name.startswith(".") and not e.is_dir()]
     shown = ", ".join(sorted(extensions))
-    for name in classes:
-        images, others = _class_files(os.path.join(root, name), extensions)
-        tree.images[name] = images
-        tree.ignored += [(path, f"not an image file (ImageFolder reads {shown})") for path in others]
-        if not images:
-            tree.empty[name] = DataError(f"class folder {os.path.join(root, name)} holds no image files; expected "
-                                         f"files ending in {shown}")
+    listing, is_image = list_tree(root, classes), _image_filter(extensions)
+    for label, name in enumerate(classes):
+        found = range(listing.group_starts[label], listing.group_starts[label + 1])
+        tree.images[name] = [listing.path(i) for i in found if is_image(listing.relative_bytes(i))]
+        tree.ignored += [(listing.path(i), f"not an image file (ImageFolder reads {shown})") for i in found
+                         if not is_image(listing.relative_bytes(i))]
+        if not tree.images[name]:
+            tree.empty[name] = _no_images(os.path.join(root, name), extensions)
     return tree
+
+
+def _image_filter(extensions: frozenset):
+    """``keep(name bytes)``: whether a file name has one of ``extensions`` (case-insensitive)."""
+    def keep(name: bytes) -> bool:
+        return os.path.splitext(os.fsdecode(name))[1].lower() in extensions
+    return keep
+
+
+def _no_images(class_dir: str, extensions: frozenset) -> DataError:
+    return DataError(f"class folder {class_dir} holds no image files; expected files ending in "
+                     f"{', '.join(sorted(extensions))}")
 
 
 def _class_names(root: str) -> list[str]:
@@ -306,27 +337,6 @@ def _class_names(root: str) -> list[str]:
     if not names:
         raise DataError(f"ImageFolder root {root} has no class sub-folders; {expected}")
     return names
-
-
-def _class_files(class_dir: str, extensions: frozenset) -> tuple[list[str], list[str]]:
-    """Image files and other files under ``class_dir``, recursively and sorted; each real
-    folder is listed once; names starting with "." are neither."""
-    images, others, seen = [], [], set()
-    for dirpath, dirnames, filenames in os.walk(class_dir, onerror=_unlistable, followlinks=True):
-        real = os.path.realpath(dirpath)
-        if real in seen:  # a link loop or a second link to the same folder
-            dirnames.clear()
-            continue
-        seen.add(real)
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for f in filenames:
-            if not f.startswith("."):
-                (images if os.path.splitext(f)[1].lower() in extensions else others).append(os.path.join(dirpath, f))
-    return sorted(images), sorted(others)
-
-
-def _unlistable(err: OSError) -> None:
-    raise DataError(f"cannot list {err.filename}: {err.strerror}; expected a readable folder") from err
 
 
 def _read(path, max_bytes: int) -> bytes:

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import DataError
 from .base import LazyHandles, MappedFile, file_fingerprint, native, pread_fully
+from .listing import Listing, RelativePaths, cached_listing, list_tree
 from .raw_rows import GAP_BYTES, RawRows, read_rows
 
 _FIRST_READ = 256  # np.save pads headers to 64 bytes: 128 for ordinary dtypes and shapes
@@ -177,16 +178,20 @@ def read_npy(path: str) -> np.ndarray:
         os.close(fd)
 
 
-def _npy_names(directory: str, role: str) -> set[str]:
-    try:
-        entries = list(os.scandir(directory))
-    except FileNotFoundError:
-        raise FileNotFoundError(errno.ENOENT, f"NpyPairs {role} directory not found", directory) from None
-    # broken symlinks are kept (is_dir is False for them) so they fail loudly on read, never vanish
-    names = {e.name for e in entries if e.name.endswith(".npy") and not e.is_dir()}
-    if not names:
+def _is_npy(name: bytes) -> bool:
+    return name.endswith(b".npy")
+
+
+def _npy_listing(directory: str, role: str, cache_dir) -> Listing:
+    """The ``*.npy`` names in ``directory`` (not folders; broken symlinks kept, so they fail
+    loudly on read, never vanish), sorted, compact and cached (``listing.py``)."""
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(errno.ENOENT, f"NpyPairs {role} directory not found", directory)
+    listing = cached_listing(directory, "npy", "", cache_dir=cache_dir, build=lambda: list_tree(
+        directory, keep=_is_npy, recursive=False, hidden=True))
+    if not len(listing):
         raise DataError(f"NpyPairs {role} directory {directory} has no .npy files")
-    return names
+    return listing
 
 
 def _unpaired(side: set[str], other: set[str], directory: str, other_dir: str) -> str:
@@ -200,28 +205,38 @@ class NpyPairs:
     in sorted order; both directories must hold exactly the same ``*.npy`` names.
 
     Construction lists the directories only (no file is opened): a missing directory is
-    FileNotFoundError, an empty one or unpaired names a DataError listing them. Each read
-    parses the header (cached per distinct header) and preads the data straight into a
-    fresh array; a bad file is a DataError naming it, pinned on its sample by the loader.
-    Holds no open files, so it pickles small and is safe to share between threads.
+    FileNotFoundError, an empty one or unpaired names a DataError listing them. The names
+    are kept compactly and cached beside each directory (``listing.py``: ~40 bytes a file,
+    reused until a directory changes, shared with process workers as a mapped file, so 10
+    million pairs pickle small). Each read parses the header (cached per distinct header)
+    and preads the data straight into a fresh array; a bad file is a DataError naming it,
+    pinned on its sample by the loader. Holds no open files, so it is safe to share between
+    threads.
     """
 
-    def __init__(self, inputs_dir: str | os.PathLike, labels_dir: str | os.PathLike):
+    def __init__(self, inputs_dir: str | os.PathLike, labels_dir: str | os.PathLike, *, cache_dir=None):
         self.dirs = {"x": os.fspath(inputs_dir), "y": os.fspath(labels_dir)}
-        inputs, labels = _npy_names(self.dirs["x"], "inputs"), _npy_names(self.dirs["y"], "labels")
-        problems = [_unpaired(inputs, labels, self.dirs["x"], self.dirs["y"]),
-                    _unpaired(labels, inputs, self.dirs["y"], self.dirs["x"])]
-        if any(problems):
+        inputs = _npy_listing(self.dirs["x"], "inputs", cache_dir)
+        labels = _npy_listing(self.dirs["y"], "labels", cache_dir)
+        if not inputs.same_names(labels):
+            a, b = set(RelativePaths(inputs, absolute=False)), set(RelativePaths(labels, absolute=False))
+            problems = [_unpaired(a, b, self.dirs["x"], self.dirs["y"]), _unpaired(b, a, self.dirs["y"], self.dirs["x"])]
             raise DataError("NpyPairs pairs files by name; " + "; ".join(p for p in problems if p))
-        self.names = sorted(inputs)
+        self._listing = inputs
+
+    @property
+    def names(self) -> RelativePaths:
+        """The paired file names, sorted (read from the compact listing on demand)."""
+        return RelativePaths(self._listing, absolute=False)
 
     def __len__(self) -> int:
-        return len(self.names)
+        return len(self._listing)
 
     def paths(self, i: int) -> dict[str, str]:
-        if not 0 <= i < len(self.names):
-            raise IndexError(f"sample id {i} out of range for NpyPairs of length {len(self.names)}")
-        return {key: os.path.join(d, self.names[i]) for key, d in self.dirs.items()}
+        if not 0 <= i < len(self._listing):
+            raise IndexError(f"sample id {i} out of range for NpyPairs of length {len(self._listing)}")
+        name = self._listing.relative(i)
+        return {key: os.path.join(d, name) for key, d in self.dirs.items()}
 
     def __getitem__(self, i: int) -> dict:
         return {key: read_npy(path) for key, path in self.paths(i).items()}
@@ -230,7 +245,8 @@ class NpyPairs:
         """The pairs for ``ids`` read straight into one array per key. Any file that differs from
         the first (shape, dtype, Fortran order) raises; the engine then reads one by one, which
         names the sample."""
-        return {key: _read_stack([os.path.join(d, self.names[i]) for i in ids]) for key, d in self.dirs.items()}
+        names = [self._listing.relative(int(i)) for i in ids]
+        return {key: _read_stack([os.path.join(d, name) for name in names]) for key, d in self.dirs.items()}
 
     def locate(self, i: int) -> str:
         return ", ".join(self.paths(i).values())

@@ -42,7 +42,7 @@ DEFAULT_CACHE_BYTES = 256 << 20  # decoded row groups kept per process
 EXTENSIONS = (".parquet", ".parq", ".pq")
 
 
-def _pyarrow():
+def pyarrow_module():
     try:
         import pyarrow
         import pyarrow.parquet
@@ -95,18 +95,18 @@ class _Column:
         return self.kind in ("number", "fixed")
 
 
-def _column(name: str, arrow_type) -> _Column:
-    pa = _pyarrow()
+def column_reader(name: str, arrow_type) -> _Column:
+    pa = pyarrow_module()
     t = pa.types
     if t.is_integer(arrow_type) or t.is_floating(arrow_type) or t.is_boolean(arrow_type):
         return _Column(name, str(arrow_type), "number", np.dtype(arrow_type.to_pandas_dtype()))
     if t.is_fixed_size_list(arrow_type):
-        inner = _column(name, arrow_type.value_type)
+        inner = column_reader(name, arrow_type.value_type)
         if inner.kind not in ("number", "fixed"):
             raise DataError(f"column {name!r}: a fixed-size list of {arrow_type.value_type}: expected numbers")
         return _Column(name, str(arrow_type), "fixed", inner.dtype, (arrow_type.list_size, *inner.shape))
     if t.is_list(arrow_type) or t.is_large_list(arrow_type):
-        inner = _column(name, arrow_type.value_type)
+        inner = column_reader(name, arrow_type.value_type)
         if inner.kind != "number":
             raise DataError(f"column {name!r}: a list of {arrow_type.value_type}: expected a list of numbers")
         return _Column(name, str(arrow_type), "list", inner.dtype, (None,))
@@ -197,7 +197,7 @@ class _RowGroups:
 
 def _open_parquet(key):
     path, _thread = key  # one handle per thread: a ParquetFile is not documented as thread-safe
-    return _pyarrow().parquet.ParquetFile(path)
+    return pyarrow_module().parquet.ParquetFile(path)
 
 
 class ParquetSource:
@@ -213,7 +213,7 @@ class ParquetSource:
     """
 
     def __init__(self, paths, /, *, fill: dict | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES, **keys):
-        pq = _pyarrow().parquet
+        pq = pyarrow_module().parquet
         self.paths = parquet_files(paths)
         metas = []
         for path in self.paths:
@@ -252,7 +252,8 @@ class ParquetSource:
         f, number = self._groups[g]
         return f"{self.paths[f]} row {int(self._starts[g]) + row - self._file_starts[f]} (row group {number})"
 
-    def _load(self, g: int) -> _Group:
+    def read_row_group(self, g: int) -> _Group:
+        """Row group ``g`` (numbered across all files) decoded, bypassing the cache."""
         f, number = self._groups[g]
         with self._handles.use((self.paths[f], threading.get_ident())) as handle:
             try:
@@ -263,7 +264,7 @@ class ParquetSource:
         return _Group(table, self._columns)
 
     def _group(self, g: int) -> _Group:
-        return self._cache.get(g, self._load)
+        return self._cache.get(g, self.read_row_group)
 
     def __getitem__(self, i: int) -> dict:
         g, row = self._where(i)
@@ -351,7 +352,7 @@ def _select(path: str, schema, keys: dict, fill: dict) -> dict[str, _Key]:
         missing = [c for c in cols if c not in names]
         if missing or not cols:
             raise DataError(f"{path}: key {key!r}: expected columns {missing or cols}, the file has {names}")
-        columns = tuple(_column(c, schema.field(c).type) for c in cols)
+        columns = tuple(column_reader(c, schema.field(c).type) for c in cols)
         if vector and any(c.kind != "number" for c in columns):
             raise DataError(f"{path}: key {key!r}: a list of columns stacks numbers; "
                             f"{[c.name for c in columns if c.kind != 'number']} are not")

@@ -316,9 +316,9 @@ def _feature_refusal(key: str, f: _Feature) -> str | None:
 
 # -- Parquet ----------------------------------------------------------------------------------------
 def probe_parquet(path: str, name: str, info: FileInfo) -> None:
-    from ..sources.parquet import ParquetSource, _column, _pyarrow
+    from ..sources.parquet import ParquetSource, column_reader, pyarrow_module
 
-    pq = _pyarrow().parquet
+    pq = pyarrow_module().parquet
     meta = pq.read_metadata(path)
     schema = meta.schema.to_arrow_schema()
     info.format = "parquet"
@@ -327,7 +327,7 @@ def probe_parquet(path: str, name: str, info: FileInfo) -> None:
         nulls = [meta.row_group(g).column(c).statistics for g in range(meta.num_row_groups)]
         counted = [s.null_count for s in nulls if s is not None and s.has_null_count]
         try:
-            column = _column(field_.name, field_.type)
+            column = column_reader(field_.name, field_.type)
             note = {"number": "a scalar", "fixed": f"an array {column.shape}", "list": "1-D, any length (collate pad)",
                     "string": "str", "binary": "bytes"}[column.kind]
             readable.append(field_.name)
@@ -340,9 +340,9 @@ def probe_parquet(path: str, name: str, info: FileInfo) -> None:
     if readable:
         source = ParquetSource(path, **{c: c for c in readable})
         try:
-            for g in range(meta.num_row_groups):  # each decoded as the source decodes it
+            for g in range(meta.num_row_groups):
                 try:
-                    source._load(g)
+                    source.read_row_group(g)  # decoded as the source decodes it, uncached
                 except DataError as exc:
                     info.unreadable.append((f"{name} row group {g}", str(exc)))
         finally:
