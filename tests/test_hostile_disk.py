@@ -181,3 +181,36 @@ def test_read_only_cache_directories_fall_back_as_documented(tmp_path):
     assert len(out["warnings"]) == 1 and "Read-only file system" in out["warnings"][0]
     assert out["stats_new"]["hits"] == 0 and out["stats_new"]["write_errors"] == 64
     assert len(out["warnings_new"]) == 1 and "samples cached there already are served" in out["warnings_new"][0]
+
+
+def test_tfrecord_index_and_decompressed_copy_on_a_full_disk(small, tmp_path):
+    """The record index of a TFRecord file: one warning, every record still read. A GZIP file,
+    read through a decompressed copy that cannot be written: a DataError naming the file and
+    the fix. Neither leaves a file behind."""
+    import gzip
+    import steadyfeed as sf
+
+    packed = sf.pack(paired_source(50), tmp_path / "packed", shard_size=50, progress=False)
+    shard = str(next(p for p in packed.iterdir() if p.name.endswith(".tfrecord")))
+    zipped = str(tmp_path / "zipped.tfrecord")
+    with open(shard, "rb") as f, gzip.open(zipped, "wb") as out:
+        out.write(f.read())
+    out = child(f"""
+        fill({small!r})
+        def read():
+            src = sf.TFRecordSource({shard!r}, cache_dir={small!r})  # features unnamed: raw bytes
+            return len(src) == 50 and all(np.frombuffer(src[i]["x"], np.float64)[0] == 4 * i for i in range(50))
+        ok, said = caught_warnings(read)
+        try:
+            sf.TFRecordSource({zipped!r}, cache_dir={small!r})
+            zipped_error = None
+        except sf.DataError as exc:
+            zipped_error = str(exc)
+        print(json.dumps({{"ok": ok, "warnings": said, "zipped": zipped_error, "files": files_under({small!r})}}))
+    """, small_fs=(small, "1m"))
+    assert out["ok"]
+    assert len(out["warnings"]) == 1 and "could not cache the record index" in out["warnings"][0]
+    assert "no space left on the filesystem of" in out["warnings"][0]
+    assert out["zipped"] and "zipped.tfrecord is GZIP-compressed" in out["zipped"]
+    assert "no space left on the filesystem of" in out["zipped"] and "with room for the uncompressed data" in out["zipped"]
+    assert out["files"] == ["filler"]

@@ -114,3 +114,40 @@ def test_big_batches_by_pipe_arrive_whole(no_leaks):
     assert [b["id"].tolist() for b in batches] == [[0, 1, 2], [3, 4, 5]]
     for b in batches:
         np.testing.assert_array_equal(b["x"], np.repeat(b["id"][:, None].astype(float), b["x"].shape[1], axis=1))
+
+
+def test_ray_status_slots_on_a_full_dev_shm_are_left_out_never_a_bus_error():
+    """Ray mode's only own use of /dev/shm, the actors' status slots: with room they are made;
+    on a full /dev/shm the consumer's is left out with one warning (its actors keep their own
+    slots, as remote ones), an actor's own is None, and nothing is left behind. No cluster is
+    started: the slots are made as the pool and the actors make them."""
+    pytest.importorskip("ray")
+    out = run_python("""
+        import json, os, warnings
+        from steadyfeed.execution import ray_pool, shm
+
+        def fill():
+            with open('/dev/shm/filler', 'wb', buffering=0) as f:
+                try:
+                    while True:
+                        f.write(bytes(4096))
+                except OSError:
+                    pass
+
+        roomy = [ray_pool._create_slot('sftestowna0'), ray_pool.consumer_slot('testr0', 0)]
+        made = [roomy[0] is not None, roomy[1] is not None]
+        roomy[0].close()
+        os.unlink('/dev/shm/sftestowna0')
+        shm.release(roomy[1])
+        fill()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            full = [ray_pool._create_slot('sftestowna1'), ray_pool.consumer_slot('testr1', 1),
+                    ray_pool.consumer_slot('testr2', 2)]
+        print(json.dumps({"made": made, "full": [x is None for x in full], "left": sorted(os.listdir('/dev/shm')),
+                          "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]}))
+    """, shm_size="1m")
+    assert out["made"] == [True, True]
+    assert out["full"] == [True, True, True] and out["left"] == ["filler"]
+    assert len(out["warnings"]) == 1, out["warnings"]
+    assert "status slot of Ray actor 1" in out["warnings"][0] and "--shm-size" in out["warnings"][0]
