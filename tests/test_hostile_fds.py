@@ -30,7 +30,7 @@ EVERY_MODE = """
     def main():
         src = ManyFiles({directory!r}, {n})
         out = {{"limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0], "runs": {{}}}}
-        for workers, mode in ((0, "thread"), (4, "thread"), (2, "process")):
+        for workers, mode in ((0, "thread"), (2, "thread"), (2, "process")):
             with sf.Loader(src, 64, shuffle=True, workers=workers, mode=mode, with_ids=True) as loader:
                 ids = []
                 for batch in loader.epoch(0):
