@@ -29,7 +29,7 @@ from .errors import SampleError, SampleTimeout, TooManyErrors, WorkerDied, with_
 from .execution.batch import collate_error
 from .execution.handoff import FixedHandoff, make_handoff
 from .execution.pool import InlinePool, make_pool
-from .execution.scheduler import EpochRun, Outcome
+from .execution.scheduler import ByteBudget, EpochRun, Outcome
 from .execution.task import SampleFailure, WorkContext
 from .quarantine import Quarantine, QuarantineEntry
 from .sampling.elastic import remainder_chain
@@ -81,6 +81,7 @@ class Loader:
         self._source_identity: dict | None = None  # computed once, when a state is first saved or loaded
         self._pool = None
         self._handoff = make_handoff(self.config)  # who makes each batch; measured anew with each new pool
+        self._budget = ByteBudget(self.config.execution.max_inflight_bytes)  # learns batch sizes across epochs
         self._task_ids = itertools.count()
         self._active = threading.Lock()  # one epoch at a time
         self._closed = False
@@ -178,7 +179,7 @@ class Loader:
         return EpochRun(pool, plan, epoch=epoch, start=start, prefetch=prefetch, retries=failure.retries,
                         stop_on_failure=pool.ctx.stop_on_failure, task_ids=self._task_ids,
                         max_blameless_deaths=max(3, 2 * self.config.execution.workers), stats=stats,
-                        handoff=handoff)
+                        handoff=handoff, budget=self._budget)
 
     def peek(self, batch_index: int = 0, epoch: int | None = None) -> dict:
         """Batch ``batch_index`` of ``epoch`` (default: the cursor's), computed in this thread.
@@ -215,7 +216,8 @@ class Loader:
         if self._pool is None:
             execution, failure = self.config.execution, self.config.failure
             ctx = self._work_context(stop_on_failure=failure.on_error == "raise")
-            self._pool = make_pool(execution.mode, execution.workers, ctx, failure.timeout)
+            self._pool = make_pool(execution.mode, execution.workers, ctx, failure.timeout,
+                                   transport=execution.transport, stats=self._stats)
             self._handoff = make_handoff(self.config)
         return self._pool
 
