@@ -177,6 +177,27 @@ def test_the_options_page_lists_every_option_with_its_default():
     assert set(rows) == set(config.OPTION_GROUPS), f"rows for no option: {set(rows) - set(config.OPTION_GROUPS)}"
 
 
+def test_every_test_the_pages_name_exists():
+    """The guarantees name the tests that prove them: each named test and file must exist."""
+    tests = ROOT / "tests"
+    defined = {m[1] for path in tests.rglob("*.py") for m in re.finditer(r"^\s*def (test_\w+)", path.read_text(), re.M)}
+    for page in pages():
+        text = page.read_text()
+        for name in set(re.findall(r"\b(test_\w+)\b", text)):
+            if name.startswith("test_sources_") and name.endswith("_"):  # tests/test_sources_*.py
+                continue
+            assert name in defined or (tests / f"{name}.py").exists(), f"{page.relative_to(ROOT)} names {name}"
+        for path in set(re.findall(r"`(tests/[\w/.]+)`", text)):
+            assert (ROOT / path).exists(), f"{page.relative_to(ROOT)} names {path}, which does not exist"
+
+
+def test_the_install_page_lists_every_extra():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    listed = re.findall(r"^\| `(\w+)` \|", (DOCS / "getting-started" / "install.md").read_text(), re.M)
+    assert sorted(listed) == sorted(extras), f"install.md lists {sorted(listed)}, pyproject.toml has {sorted(extras)}"
+
+
 # -- the site builds, and every example runs ------------------------------------------------
 @pytest.mark.timeout(600)
 def test_the_site_builds_in_strict_mode(tmp_path):
