@@ -46,7 +46,8 @@ class SampleError(SteadyfeedError):
     what the worker raised), ``location`` (where the sample lives, when the source can say),
     ``worker_traceback`` (text); the original exception is ``__cause__``. Raised by the
     loader, it is also an instance of the original exception's type (its class is
-    ``SampleError[ValueError]`` for a ``ValueError``), so ``except ValueError`` catches it."""
+    ``SampleError[ValueError]`` for a ``ValueError``, where the two types combine), so
+    ``except ValueError`` catches it."""
 
     def __init__(
         self,
