@@ -75,7 +75,8 @@ class ReadOptions:
     shuffle: bool = option(False, doc="a fresh permutation of the samples every epoch, drawn from (seed, epoch)")
     seed: int = option(0, doc="the seed of the order and of every sample's transform stream", metavar="S")
     sampler: Any = option(None, cli=False,
-                          doc="an object with epoch_order(n, seed, epoch) (sampling/samplers.py) instead of shuffle")
+                          doc="an object with order(n, seed, epoch) or epoch_order(n, seed, epoch) "
+                              "(sampling/samplers.py) instead of shuffle")
     transform: Callable | None = option(None, cli=False,
                                         doc="transform(sample, rng) -> sample, run in the workers with each sample's "
                                             "own random stream")

@@ -41,7 +41,14 @@ class CollateError(DataError):
 
 
 class SampleError(SteadyfeedError):
-    """A sample could not be read or transformed (after all its attempts)."""
+    """A sample could not be read or transformed (after all its attempts).
+
+    Fields: ``sample_id``, ``epoch``, ``batch_index``, ``attempts``, ``error_type`` (the name of
+    what the worker raised), ``location`` (where the sample lives, when the source can say),
+    ``worker_traceback`` (text); the original exception is ``__cause__``. Raised by the
+    loader, it is also an instance of the original exception's type (its class is
+    ``SampleError[ValueError]`` for a ``ValueError``, where the two types combine), so
+    ``except ValueError`` catches it."""
 
     def __init__(
         self,
