@@ -41,7 +41,11 @@ class ThreadWorker:
         self.thread = threading.Thread(
             target=self._main, args=(ctx, outbox), name=f"steadyfeed-thread-{wid}", daemon=True
         )
-        self.thread.start()
+        try:
+            self.thread.start()
+        except BaseException:  # Ctrl-C inside start(): the thread may run already, and no pool knows of it
+            self.abandon()
+            raise
 
     def _main(self, ctx: WorkContext, outbox: queue.SimpleQueue) -> None:
         lower_priority(ctx.niceness)
