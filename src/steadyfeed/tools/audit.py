@@ -12,7 +12,9 @@ What is checked (each a :class:`CheckResult` of the :class:`AuditReport`):
   ``shard_count`` shards of the epoch are run and checked together (disjoint and
   complete). Under ``drop_last`` / ``last_batch="drop"`` the ids must be distinct and
   exactly as many as the documented rule keeps (``R * ((N // R) // B) * B``); which
-  ones were dropped is the sampler's choice and is not checked. Samples skipped under
+  ones were dropped is the sampler's choice and is not checked. Ids the loader excludes in
+  that epoch (``exclude=``, ``loader.exclude``) are expected absent: they are reported as
+  ``excluded``, never as missing, and one that is delivered fails the check. Samples skipped under
   ``on_error="skip"`` and an epoch stopped by an error fail the check. With a
   :class:`~steadyfeed.WeightedSampler` ids repeat or stay out by design: the check is
   ``ids_in_range`` instead.
@@ -80,6 +82,7 @@ class AuditReport:
     settings: list[str]
     loader: str
     checks: list[CheckResult]
+    findings: dict = field(default_factory=dict)  # the sections of diagnostics/__init__.py
 
     @property
     def passed(self) -> bool:
@@ -93,7 +96,7 @@ class AuditReport:
         """JSON-ready and stable: ``format``, ``passed``, the run's shape, ``checks`` in report order."""
         return {"format": FORMAT, "passed": self.passed, "target": self.target, "samples": self.samples,
                 "epochs": self.epochs, "settings": self.settings, "loader": self.loader,
-                "checks": [{**asdict(c), "passed": c.passed} for c in self.checks]}
+                "checks": [{**asdict(c), "passed": c.passed} for c in self.checks], "findings": self.findings}
 
     def table(self) -> str:
         """One line per check: status, name, where, what was found."""
@@ -322,7 +325,7 @@ def audit(loader: Loader, *, epochs: int = 2, settings: Sequence[tuple[int, str]
             other = scan_source(against, label_keys, with_digests=True, setting=settings[0], bar=bar)
         observer = _Observer(scan, label_keys, check)
         runs = {setting_label(*s): _run_setting(loader, s, epochs, observer, bar) for s in settings}
-    results = [_readable(scan), *_quality(scan, checks)]
+    results = [_readable(scan, loader.excluded_ids(0)), *_quality(scan, checks)]
     results += [_delivery(rec, loader, label) for label, records in runs.items() for rec in records]
     results += [_reproducible(runs), _pairing(runs, observer.label_keys, label_keys)]
     if check is not None:
@@ -330,17 +333,25 @@ def audit(loader: Loader, *, epochs: int = 2, settings: Sequence[tuple[int, str]
     results.append(_epoch_drift(next(iter(runs.values())), drift_threshold))
     if other is not None:
         results += [_contamination(scan, other), _split_drift(scan, other, label_keys, drift_threshold)]
-    return AuditReport(target or repr(loader), len(loader.source), epochs, list(runs), repr(loader), results)
+    findings = {"excluded": loader.excluded()} if loader.excluded() else {}
+    return AuditReport(target or repr(loader), len(loader.source), epochs, list(runs), repr(loader), results,
+                       findings)
 
 
 # -- one function per check --------------------------------------------------------------------------
-def _readable(scan: SourceScan) -> CheckResult:
+def _readable(scan: SourceScan, excluded: np.ndarray) -> CheckResult:
+    """Samples the loader excludes from the first epoch on may fail to read: it never reads them."""
     if not scan.failed:
         return CheckResult("readable", PASS, f"all {scan.size} samples read without error")
-    first = scan.failed[0]
+    failing = [e for e in scan.failed if not np.isin(e["sample_id"], excluded)]
+    if not failing:
+        return CheckResult("readable", PASS, f"{len(scan.failed)} sample(s) failed to read, all excluded by the "
+                           f"loader: ids {_shown(e['sample_id'] for e in scan.failed)}",
+                           details={"failed": scan.failed[:LISTED_IDS]})
+    first = failing[0]
     where = f" ({first['location']})" if first["location"] else ""
-    return CheckResult("readable", FAIL, f"{len(scan.failed)} sample(s) failed to read: ids "
-                       f"{_shown(e['sample_id'] for e in scan.failed)}; first{where}: {first['error_type']}: "
+    return CheckResult("readable", FAIL, f"{len(failing)} sample(s) failed to read: ids "
+                       f"{_shown(e['sample_id'] for e in failing)}; first{where}: {first['error_type']}: "
                        f"{first['message'].splitlines()[0] if first['message'] else ''}",
                        details={"failed": scan.failed[:LISTED_IDS]})
 
@@ -369,24 +380,29 @@ def _delivery(rec: EpochRecord, loader: Loader, setting: str) -> CheckResult:
     ids = rec.all_ids()
     out_of_range = ids[(ids < 0) | (ids >= n)]
     counts = np.bincount(ids[(ids >= 0) & (ids < n)], minlength=n)
+    excluded = loader.excluded_ids(rec.epoch)
+    excluded_delivered = excluded[counts[excluded] > 0]
     details = {"delivered": int(len(ids)), "out_of_range": _idlist(out_of_range), "skipped": _idlist(rec.skipped),
-               "error": rec.error}
+               "excluded": _idlist(excluded), "error": rec.error}
     if isinstance(loader.sampler, WeightedSampler):
-        problems = _problems(out_of_range=out_of_range, skipped=rec.skipped, error=rec.error)
+        problems = _problems(out_of_range=out_of_range, excluded_but_delivered=excluded_delivered,
+                             skipped=rec.skipped, error=rec.error)
         return CheckResult("ids_in_range", FAIL if problems else PASS, problems or
                            f"{len(ids)} ids, all in range (weighted sampler: repeats and omissions are by design)",
                            setting, rec.epoch, details)
-    expected = expected_count(n, read.batch_size, loader.config.sharding.shard_count, read.last_batch)
+    expected = expected_count(n - len(excluded), read.batch_size, loader.config.sharding.shard_count, read.last_batch)
     dropping = read.last_batch == "drop"
     duplicated = np.flatnonzero(counts > 1)
-    missing = [] if dropping or rec.error else np.setdiff1d(np.flatnonzero(counts == 0), rec.skipped)
+    missing = ([] if dropping or rec.error else
+               np.setdiff1d(np.flatnonzero(counts == 0), np.union1d(rec.skipped, excluded)))
     details.update(expected=expected, duplicated=_idlist(duplicated), missing=_idlist(missing))
     problems = _problems(
-        missing=missing, duplicated=duplicated,
+        missing=missing, duplicated=duplicated, excluded_but_delivered=excluded_delivered,
         out_of_range=out_of_range, skipped=rec.skipped, error=rec.error,
         count=(f"{len(ids)} delivered, the drop rule keeps {expected}"
                if dropping and len(ids) != expected and not rec.error else None))
-    kept = f", {n - expected} dropped by last_batch='drop'" if dropping else ""
+    kept = f", {n - len(excluded) - expected} dropped by last_batch='drop'" if dropping else ""
+    kept += f", {len(excluded)} excluded" if len(excluded) else ""
     return CheckResult("exactly_once", FAIL if problems else PASS, problems or f"{len(ids)} ids, each once{kept}",
                        setting, rec.epoch, details)
 
