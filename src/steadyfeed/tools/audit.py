@@ -6,7 +6,10 @@ What is checked (each a :class:`CheckResult` of the :class:`AuditReport`):
 * ``readable``: one pass over the source as stored (id order, one id per read, no
   transform) reads every sample without error. That pass also records each sample's label keys, its content
   digest (for ``against``) and the ``checks`` of :mod:`steadyfeed.quality`
-  (``quality:<name>``).
+  (``quality:<name>``); image checks (``blur``, ``underexposed``, ``overexposed``,
+  ``low_contrast``) are scored by that pass's workers and judged against ``thresholds`` or
+  the scores' own robust outliers (``diagnostics/image_quality.py``); the report's
+  ``findings["quality"]`` lists the flagged images with a per-class breakdown.
 * ``exactly_once`` per setting and epoch: the delivered ids (padded rows left out) are
   every id of ``range(len(source))`` exactly once, none out of range. With shards, all
   ``shard_count`` shards of the epoch are run and checked together (disjoint and
@@ -45,6 +48,8 @@ import numpy as np
 
 from .. import quality
 from ..config import MODES
+from ..diagnostics import image_quality
+from ..sources.base import locate
 from ..loader import Loader
 from ..sampling.samplers import WeightedSampler
 from ..progress import progress_bar
@@ -154,6 +159,22 @@ class SourceScan:
     failed: list[dict] = field(default_factory=list)  # quarantine entries
     problems: list[quality.Problem] = field(default_factory=list)
     irregular: set[str] = field(default_factory=set)  # label keys whose shape varies: not kept
+    scores: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)  # (key, image check) -> score per id
+
+    def store_scores(self, ids: np.ndarray, found: dict[tuple[str, str], np.ndarray]) -> None:
+        for name, values in found.items():
+            if name not in self.scores:
+                self.scores[name] = np.full(self.size, np.nan)
+            self.scores[name][ids] = values
+
+    def first_classes(self, label_keys: Sequence[str]) -> tuple[str | None, list | None]:
+        """The first categorical label key and the class of every id (None where unread)."""
+        for key in label_keys:
+            if key in self.labels:
+                classes = quality.label_classes(self.labels[key])
+                if classes is not None:
+                    return key, [c if ok else None for c, ok in zip(classes, self.read.tolist())]
+        return None, None
 
     def store_labels(self, key: str, ids: np.ndarray, values: np.ndarray) -> None:
         """Keep the labels of ``ids``; a key whose shape varies between samples is not kept."""
@@ -187,9 +208,12 @@ def scan_source(loader: Loader, label_keys: Sequence[str], checks: Sequence[str]
     ``bar`` (a progress bar) advances by one per sample."""
     n = len(loader.source)
     scan = SourceScan(n, read=np.zeros(n, bool), digests=np.zeros(n, "S16") if with_digests else None)
-    with raw_loader(loader, batch_size=1, workers=setting[0], mode=setting[1]) as raw:
+    scored = quality.image_checks(checks)
+    transform = image_quality.ScoreTransform(scored, keys=None) if scored else None  # run by the workers
+    with raw_loader(loader, batch_size=1, workers=setting[0], mode=setting[1], transform=transform) as raw:
         for batch in raw:
             ids = batch["id"]
+            scan.store_scores(ids, image_quality.take_scores(batch))
             scan.read[ids] = True
             for key in label_keys:
                 if key in batch:
@@ -309,8 +333,9 @@ def _run_setting(loader: Loader, setting: tuple[int, str], epochs: int, observer
 def audit(loader: Loader, *, epochs: int = 2, settings: Sequence[tuple[int, str]] = DEFAULT_SETTINGS,
           check: Callable | None = None, against: Loader | None = None, label_keys: Sequence[str] = ("y",),
           checks: Sequence[str] = (), drift_threshold: float = quality.DRIFT_THRESHOLD,
-          target: str = "", progress: bool = False) -> AuditReport:
-    """Audit ``loader`` (see the module docstring); ``progress`` shows a tqdm bar on stderr."""
+          thresholds: dict[str, float] | None = None, target: str = "", progress: bool = False) -> AuditReport:
+    """Audit ``loader`` (see the module docstring); ``progress`` shows a tqdm bar on stderr;
+    ``thresholds`` (image check -> value) replace the robust ones."""
     if epochs < 1 or not settings:
         raise ValueError("an audit needs epochs >= 1 and at least one setting")
     checks = quality.check_names(checks)
@@ -325,7 +350,8 @@ def audit(loader: Loader, *, epochs: int = 2, settings: Sequence[tuple[int, str]
             other = scan_source(against, label_keys, with_digests=True, setting=settings[0], bar=bar)
         observer = _Observer(scan, label_keys, check)
         runs = {setting_label(*s): _run_setting(loader, s, epochs, observer, bar) for s in settings}
-    results = [_readable(scan, loader.excluded_ids(0)), *_quality(scan, checks)]
+    findings = image_findings(scan, loader, label_keys, thresholds)
+    results = [_readable(scan, loader.excluded_ids(0)), *_quality(scan, checks), *_image_quality(findings)]
     results += [_delivery(rec, loader, label) for label, records in runs.items() for rec in records]
     results += [_reproducible(runs), _pairing(runs, observer.label_keys, label_keys)]
     if check is not None:
@@ -333,7 +359,8 @@ def audit(loader: Loader, *, epochs: int = 2, settings: Sequence[tuple[int, str]
     results.append(_epoch_drift(next(iter(runs.values())), drift_threshold))
     if other is not None:
         results += [_contamination(scan, other), _split_drift(scan, other, label_keys, drift_threshold)]
-    findings = {"excluded": loader.excluded()} if loader.excluded() else {}
+    if loader.excluded():
+        findings["excluded"] = loader.excluded()
     return AuditReport(target or repr(loader), len(loader.source), epochs, list(runs), repr(loader), results,
                        findings)
 
@@ -358,13 +385,41 @@ def _readable(scan: SourceScan, excluded: np.ndarray) -> CheckResult:
 
 def _quality(scan: SourceScan, checks: Sequence[str]) -> list[CheckResult]:
     out = []
-    for name in checks:
+    for name in (c for c in checks if c in quality.CHECKS):
         found = [p for p in scan.problems if p.check == name]
         summary = (f"no sample fails {name!r}" if not found else
                    f"{len({p.sample_id for p in found})} sample(s) fail: ids {_shown(p.sample_id for p in found)}; "
                    f"first: {found[0]}")
         out.append(CheckResult(f"quality:{name}", FAIL if found else PASS, summary,
                                details={"problems": [p.as_dict() for p in found[:LISTED_IDS]]}))
+    return out
+
+
+def image_findings(scan: SourceScan, loader: Loader, label_keys: Sequence[str],
+                   given: dict[str, float] | None) -> dict:
+    """``{"quality": ...}`` from the scan's image scores (nothing when no image check ran):
+    the image key scored most often is the one judged."""
+    if not scan.scores:
+        return {}
+    counts = {key: int(np.isfinite(values).sum()) for (key, _), values in scan.scores.items()}
+    key = max(sorted(counts), key=counts.get)
+    scores = {check: values for (k, check), values in scan.scores.items() if k == key}
+    _, classes = scan.first_classes(label_keys)
+    return {"quality": image_quality.findings(np.arange(scan.size), scores, labels=classes, given=given, key=key,
+                                              locate=lambda i: locate(loader.source, i))}
+
+
+def _image_quality(findings: dict) -> list[CheckResult]:
+    out = []
+    for name, check in findings.get("quality", {}).get("checks", {}).items():
+        flagged, side = check["flagged"], "below" if check["direction"] == "low" else "above"
+        summary = (f"{len(flagged)} of {check['scored']} images {side} the {check['source']} threshold "
+                   f"{check['threshold']:.4g} (median {check['median']:.4g})" if check["scored"] else
+                   "no image was scored")
+        if flagged:
+            summary += f": ids {_shown(f['id'] for f in flagged)}"
+        out.append(CheckResult(f"quality:{name}", FAIL if flagged else PASS if check["scored"] else SKIP, summary,
+                               details={k: v if k != "flagged" else v[:LISTED_IDS] for k, v in check.items()}))
     return out
 
 
