@@ -9,7 +9,11 @@ What is checked (each a :class:`CheckResult` of the :class:`AuditReport`):
   (``quality:<name>``); image checks (``blur``, ``underexposed``, ``overexposed``,
   ``low_contrast``) are scored by that pass's workers and judged against ``thresholds`` or
   the scores' own robust outliers (``diagnostics/image_quality.py``); the report's
-  ``findings["quality"]`` lists the flagged images with a per-class breakdown.
+  ``findings["quality"]`` lists the flagged images with a per-class breakdown. With
+  ``near_duplicates`` (a distance in bits), the same workers hash every image
+  (``diagnostics/near_duplicates.py``): ``near_duplicates`` fails for pairs of near-identical
+  images within the split, ``near_contamination`` for pairs across it and ``against``;
+  ``findings["duplicates"]`` lists the pairs, closest first.
 * ``exactly_once`` per setting and epoch: the delivered ids (padded rows left out) are
   every id of ``range(len(source))`` exactly once, none out of range. With shards, all
   ``shard_count`` shards of the epoch are run and checked together (disjoint and
@@ -48,7 +52,7 @@ import numpy as np
 
 from .. import quality
 from ..config import MODES
-from ..diagnostics import image_quality
+from ..diagnostics import image_quality, near_duplicates
 from ..sources.base import locate
 from ..loader import Loader
 from ..sampling.samplers import WeightedSampler
@@ -160,6 +164,14 @@ class SourceScan:
     problems: list[quality.Problem] = field(default_factory=list)
     irregular: set[str] = field(default_factory=set)  # label keys whose shape varies: not kept
     scores: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)  # (key, image check) -> score per id
+    hashes: dict[str, np.ndarray] = field(default_factory=dict)  # image key -> perceptual hash per id
+    hashed: dict[str, np.ndarray] = field(default_factory=dict)  # image key -> bool per id: hashed
+
+    def store_hashes(self, ids: np.ndarray, found: dict[str, np.ndarray]) -> None:
+        for key, values in found.items():
+            if key not in self.hashes:
+                self.hashes[key], self.hashed[key] = np.zeros(self.size, np.uint64), np.zeros(self.size, bool)
+            self.hashes[key][ids], self.hashed[key][ids] = values, True
 
     def store_scores(self, ids: np.ndarray, found: dict[tuple[str, str], np.ndarray]) -> None:
         for name, values in found.items():
@@ -199,9 +211,22 @@ class SourceScan:
         return None if classes is None else Counter(classes)
 
 
+class Measures:
+    """The transform of a scan: each of ``parts`` (transforms that add measured keys) in turn,
+    so the scan's workers compute them. Picklable when its parts are."""
+
+    def __init__(self, parts: Sequence[Callable]):
+        self.parts = tuple(parts)
+
+    def __call__(self, sample: dict, rng=None) -> dict:
+        for part in self.parts:
+            sample = part(sample, rng)
+        return sample
+
+
 def scan_source(loader: Loader, label_keys: Sequence[str], checks: Sequence[str] = (), *,
                 with_digests: bool = False, setting: tuple[int, str] = (0, "thread"), bar=None,
-                visit: Callable[[int, dict], None] | None = None) -> SourceScan:
+                visit: Callable[[int, dict], None] | None = None, with_hashes: bool = False) -> SourceScan:
     """Read every sample of ``loader``'s source once, one id per read, so that what is recorded
     is ``source[id]`` even for a source whose batched read misplaces rows (see
     :func:`~steadyfeed.tools.spec.raw_loader`). ``visit(id, sample)`` sees every sample read;
@@ -209,11 +234,14 @@ def scan_source(loader: Loader, label_keys: Sequence[str], checks: Sequence[str]
     n = len(loader.source)
     scan = SourceScan(n, read=np.zeros(n, bool), digests=np.zeros(n, "S16") if with_digests else None)
     scored = quality.image_checks(checks)
-    transform = image_quality.ScoreTransform(scored, keys=None) if scored else None  # run by the workers
+    parts = ([image_quality.ScoreTransform(scored)] if scored else []) + \
+        ([near_duplicates.HashTransform()] if with_hashes else [])
+    transform = Measures(parts) if parts else None  # run by the workers
     with raw_loader(loader, batch_size=1, workers=setting[0], mode=setting[1], transform=transform) as raw:
         for batch in raw:
             ids = batch["id"]
             scan.store_scores(ids, image_quality.take_scores(batch))
+            scan.store_hashes(ids, near_duplicates.take_hashes(batch))
             scan.read[ids] = True
             for key in label_keys:
                 if key in batch:
@@ -333,9 +361,11 @@ def _run_setting(loader: Loader, setting: tuple[int, str], epochs: int, observer
 def audit(loader: Loader, *, epochs: int = 2, settings: Sequence[tuple[int, str]] = DEFAULT_SETTINGS,
           check: Callable | None = None, against: Loader | None = None, label_keys: Sequence[str] = ("y",),
           checks: Sequence[str] = (), drift_threshold: float = quality.DRIFT_THRESHOLD,
-          thresholds: dict[str, float] | None = None, target: str = "", progress: bool = False) -> AuditReport:
+          thresholds: dict[str, float] | None = None, near_duplicates: int | None = None,
+          target: str = "", progress: bool = False) -> AuditReport:
     """Audit ``loader`` (see the module docstring); ``progress`` shows a tqdm bar on stderr;
-    ``thresholds`` (image check -> value) replace the robust ones."""
+    ``thresholds`` (image check -> value) replace the robust ones; ``near_duplicates`` (bits)
+    looks for near-identical images within the split and across it and ``against``."""
     if epochs < 1 or not settings:
         raise ValueError("an audit needs epochs >= 1 and at least one setting")
     checks = quality.check_names(checks)
@@ -343,11 +373,14 @@ def audit(loader: Loader, *, epochs: int = 2, settings: Sequence[tuple[int, str]
     n = len(loader.source)
     total = n * (1 + len(settings) * epochs) + (len(against.source) if against is not None else 0)
     with progress_bar(total, "audit: reading the source", unit=" samples", enabled=progress) as bar:
-        scan = scan_source(loader, label_keys, checks, with_digests=against is not None, setting=settings[0], bar=bar)
+        hashing = near_duplicates is not None
+        scan = scan_source(loader, label_keys, checks, with_digests=against is not None, setting=settings[0], bar=bar,
+                           with_hashes=hashing)
         other = None
         if against is not None:
             bar.set_description("audit: reading --against")
-            other = scan_source(against, label_keys, with_digests=True, setting=settings[0], bar=bar)
+            other = scan_source(against, label_keys, with_digests=True, setting=settings[0], bar=bar,
+                                with_hashes=hashing)
         observer = _Observer(scan, label_keys, check)
         runs = {setting_label(*s): _run_setting(loader, s, epochs, observer, bar) for s in settings}
     findings = image_findings(scan, loader, label_keys, thresholds)
@@ -359,6 +392,10 @@ def audit(loader: Loader, *, epochs: int = 2, settings: Sequence[tuple[int, str]
     results.append(_epoch_drift(next(iter(runs.values())), drift_threshold))
     if other is not None:
         results += [_contamination(scan, other), _split_drift(scan, other, label_keys, drift_threshold)]
+    if hashing:
+        pairs = duplicate_findings(scan, other, loader, against, near_duplicates)
+        results += _near_duplicates(pairs, scan, other, near_duplicates)
+        findings["duplicates"] = pairs
     if loader.excluded():
         findings["excluded"] = loader.excluded()
     return AuditReport(target or repr(loader), len(loader.source), epochs, list(runs), repr(loader), results,
@@ -407,6 +444,48 @@ def image_findings(scan: SourceScan, loader: Loader, label_keys: Sequence[str],
     _, classes = scan.first_classes(label_keys)
     return {"quality": image_quality.findings(np.arange(scan.size), scores, labels=classes, given=given, key=key,
                                               locate=lambda i: locate(loader.source, i))}
+
+
+def _hashed(scan: SourceScan) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, hashes) of the image key hashed most often (none: two empty arrays)."""
+    if not scan.hashes:
+        return np.zeros(0, np.int64), np.zeros(0, np.uint64)
+    key = max(sorted(scan.hashed), key=lambda k: int(scan.hashed[k].sum()))
+    ids = np.flatnonzero(scan.hashed[key])
+    return ids, scan.hashes[key][ids]
+
+
+def duplicate_findings(scan: SourceScan, other: SourceScan | None, loader: Loader, against: Loader | None,
+                       max_distance: int) -> list[dict]:
+    """The ``"duplicates"`` section: pairs within the split, then pairs across it and ``other``."""
+    ids, hashes = _hashed(scan)
+    where = lambda i: locate(loader.source, i)  # noqa: E731 - a name for the findings' files
+    found = near_duplicates.findings(ids, near_duplicates.find(hashes, max_distance=max_distance), locate=where)
+    if other is not None:
+        other_ids, other_hashes = _hashed(other)
+        found += near_duplicates.findings(
+            ids, near_duplicates.find(hashes, other_hashes, max_distance), other_ids=other_ids, split_a="audited",
+            split_b="against", locate=where, locate_other=lambda i: locate(against.source, i))
+    return found
+
+
+def _near_duplicates(pairs: list[dict], scan: SourceScan, other: SourceScan | None,
+                     max_distance: int) -> list[CheckResult]:
+    out = []
+    for name, across, what in (("near_duplicates", False, "within the split"),
+                               ("near_contamination", True, "across the split and --against")):
+        if across and other is None:
+            continue
+        mine = [p for p in pairs if ("split_b" in p) == across]
+        hashed = int(sum(h.sum() for h in scan.hashed.values()))
+        shown = "; ".join(f"{p['a']}~{p['b']} ({p['distance']} bits)" for p in mine[:SHOWN_IDS])
+        summary = (f"{len(mine)} pair(s) of near-identical images {what} (within {max_distance} bits): {shown}"
+                   f"{' ...' if len(mine) > SHOWN_IDS else ''}" if mine else
+                   f"no two images {what} within {max_distance} bits ({hashed} hashed)" if hashed else
+                   "no image to hash")
+        out.append(CheckResult(name, FAIL if mine else PASS if hashed else SKIP, summary,
+                               details={"max_distance": max_distance, "pairs": mine[:LISTED_IDS], "count": len(mine)}))
+    return out
 
 
 def _image_quality(findings: dict) -> list[CheckResult]:

@@ -13,7 +13,7 @@ import contextlib
 import json
 
 from .. import quality
-from ..diagnostics import image_quality
+from ..diagnostics import image_quality, near_duplicates
 from .audit import audit, parse_settings
 from .spec import (
     SpecError, add_spec_arguments, describe, loader_from_args, loader_from_spec, resolve_callable, usage_error,
@@ -39,6 +39,10 @@ def add_arguments(parser) -> None:
     audit_options.add_argument("--checks", default="", metavar="NAMES",
                                help=f"data-quality checks on the stored samples: {', '.join(quality.CHECKS)} or all; "
                                     f"image checks {', '.join(image_quality.CHECKS)} or image")
+    audit_options.add_argument("--near-duplicates", nargs="?", type=int, const=near_duplicates.MAX_DISTANCE,
+                               default=None, metavar="BITS",
+                               help="hash every image (pHash) and report near-identical pairs within the split and "
+                                    f"across --against, up to BITS apart (default {near_duplicates.MAX_DISTANCE})")
     audit_options.add_argument("--threshold", action="append", default=[], metavar="CHECK=VALUE",
                                help="an image check's threshold instead of the data's robust one, e.g. blur=0.002 "
                                     "(repeatable)")
@@ -66,7 +70,7 @@ def run(args) -> int:
                 stack.enter_context(opened)
         report = audit(loader, epochs=args.epochs, settings=settings, check=check, against=against,
                        label_keys=args.label_keys or ("y",), checks=checks, drift_threshold=args.drift_threshold,
-                       thresholds=thresholds,
+                       thresholds=thresholds, near_duplicates=args.near_duplicates,
                        target=describe(args), progress=args.progress)
     print(json.dumps(report.as_dict(), indent=1) if args.json else report.table())
     return 0 if report.passed else 1
