@@ -42,8 +42,8 @@ def test_the_hash_agrees_with_imagehash_and_tells_copies_from_other_images():
 
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(0, 400), m=st.integers(0, 300), r=st.integers(0, 14), seed=st.integers(0, 2 ** 32 - 1),
-       across=st.booleans())
-def test_the_search_finds_exactly_the_pairs_all_pairs_would(n, m, r, seed, across):
+       across=st.booleans(), data=st.data())
+def test_the_search_finds_exactly_the_pairs_all_pairs_would(n, m, r, seed, across, data):
     """Random hashes with planted neighbours at every distance up to r + 2: the multi-index
     search finds each pair within r once, and nothing else, whatever number of bands it picks."""
     rng = np.random.default_rng(seed)
@@ -54,7 +54,8 @@ def test_the_search_finds_exactly_the_pairs_all_pairs_would(n, m, r, seed, acros
     for k in range(planted):  # target[-1 - k] is a[k] with k % (r + 3) bits flipped
         flips = rng.choice(64, size=k % (r + 3), replace=False)
         target[-1 - k] = a[k] ^ np.uint64(sum(1 << int(f) for f in flips))
-    got = nd.find(a, b, r)
+    count = data.draw(st.one_of(st.none(), st.integers(nd.MIN_BANDS, max(nd.MIN_BANDS, r + 1))))
+    got = nd.find(a, b, r, band_count=count)  # None: as planned for the sizes; else bands with bit flips to probe
     assert {tuple(map(int, row)) for row in got} == brute_force(a, b, r)
     assert len(got) == len({(int(i), int(j)) for i, j, _ in got})  # each pair once
 

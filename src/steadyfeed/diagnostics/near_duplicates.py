@@ -164,16 +164,20 @@ def _ranges(order: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarr
     return queries, order[np.repeat(lo, counts) + offsets]
 
 
-def find(a: np.ndarray, b: np.ndarray | None = None, max_distance: int = MAX_DISTANCE) -> np.ndarray:
+def find(a: np.ndarray, b: np.ndarray | None = None, max_distance: int = MAX_DISTANCE, *,
+         band_count: int | None = None) -> np.ndarray:
     """Pairs ``(i, j, distance)`` (int64 rows, sorted) of hashes within ``max_distance`` bits:
     ``i < j`` within ``a`` when ``b`` is None, else ``i`` in ``a`` and ``j`` in ``b``. Every such
-    pair, each once (see the module docstring for how and what it costs)."""
+    pair, each once, for any ``band_count`` (default: the cheapest, :func:`plan_bands`; see the
+    module docstring for how and what it costs)."""
     a = np.asarray(a, np.uint64).reshape(-1)
     within = b is None
     b = a if within else np.asarray(b, np.uint64).reshape(-1)
     if not len(a) or not len(b) or max_distance < 0:
         return np.zeros((0, 3), np.int64)
-    count = plan_bands(len(a), len(b), max_distance)
+    count = band_count or plan_bands(len(a), len(b), max_distance)
+    if not MIN_BANDS <= count <= 64:
+        raise ValueError(f"band_count must be {MIN_BANDS}..64, got {count}")
     found = [np.zeros((0, 3), np.int64)]
     for shift, width in bands(count):
         low = np.uint64((1 << width) - 1)
