@@ -128,6 +128,11 @@ class ExecutionOptions:
                                                  "a timeout)")
     worker_niceness: int = option(5, doc="how many nice steps below the consumer the workers run (0-19, Linux)",
                                   metavar="N")
+    pack_to: str | os.PathLike | None = option(None, metavar="DIR",
+                                               doc="pack the source into TFRecord shards under DIR (keyed by its "
+                                                   "fingerprint) in the background during the first epoch, and read "
+                                                   "the shards from the next epoch and later runs on; batches are "
+                                                   "bit-identical (autopack.py)")
 
     def __post_init__(self):
         _need(_is_int(self.workers) and self.workers >= 0, f"workers must be an int >= 0, got {self.workers!r}")

@@ -35,6 +35,7 @@ from .execution.pool import InlinePool, make_pool
 from .execution.scheduler import EpochRun, Outcome
 from .execution.task import SampleFailure, WorkContext
 from .quarantine import Quarantine, QuarantineEntry
+from .autopack import AutoPack, close_reader
 from .diagnostics.isolation import read_exclusions
 from .sampling.elastic import remainder_chain
 from .sampling.exclusion import Exclusions, excluding
@@ -86,6 +87,9 @@ class Loader:
         self._cached_plan: tuple = (None, None, None)  # (epoch, exclusions, plan)
         self._remainder: tuple | None = None  # (epoch, levels): an epoch resumed from other shards (merge_states)
         self._source_identity: dict | None = None  # computed once, when a state is first saved or loaded
+        pack_to = self.config.execution.pack_to
+        self._autopack = AutoPack(pack_to, source) if pack_to is not None else None
+        self._reader = source  # what the workers read: the source, or its pack once one is ready (autopack.py)
         self._pool = None
         self._handoff = make_handoff(self.config)  # who makes each batch; measured anew with each new pool
         self._task_ids = itertools.count()
@@ -158,8 +162,11 @@ class Loader:
         started = time.perf_counter()  # first-batch latency includes starting the workers
         self._running = epoch
         try:
+            self._choose_reader()
             run = self._epoch_run(self._ensure_pool(), self._handoff, plan, epoch, start,
                                   self.config.execution.effective_prefetch, self._stats)
+            if self._autopack is not None and self._reader is self.source:
+                self._autopack.start(self.source)  # packs in the background while this epoch reads the files
             skipped_before = self._quarantine.count(epoch)
             planned = plan.num_real_total
             for outcome in run:
@@ -215,9 +222,28 @@ class Loader:
             raise collate_error(outcome.disagreement, self.source, epoch, batch_index)
         return self._public(outcome.arrays)
 
+    def _choose_reader(self) -> None:
+        """At an epoch's start: read the pack once it is ready (``pack_to``). The workers hold
+        the reader, so they are restarted on the pack, once; an epoch never switches midway."""
+        if self._autopack is not None and self._reader is self.source and self._autopack.ready:
+            reader = self._autopack.open()
+            self._shutdown_pool()
+            self._reader = reader
+        self._stats.reading = "files" if self._reader is self.source else "pack"
+
+    @property
+    def reading(self) -> str:
+        """What the current or last epoch read: ``"files"`` (the source) or ``"pack"`` (``pack_to``)."""
+        return self._stats.reading
+
+    def wait_for_pack(self, timeout: float | None = None) -> bool:
+        """Wait for a ``pack_to`` pack under way to be published; whether one is ready (the
+        next epoch then reads it). False without ``pack_to``."""
+        return self._autopack is not None and self._autopack.wait(timeout)
+
     def _work_context(self, stop_on_failure: bool) -> WorkContext:
         read = self.config.read
-        return WorkContext(self.source, read.transform, int(read.seed), self.config.failure.retries, stop_on_failure,
+        return WorkContext(self._reader, read.transform, int(read.seed), self.config.failure.retries, stop_on_failure,
                            self.config.execution.worker_niceness, read.collate)
 
     def _public(self, batch: dict) -> dict:
@@ -263,6 +289,7 @@ class Loader:
         if batch is None:
             return None
         self._stats.batches += 1
+        self._stats.pack_batches += self._reader is not self.source
         real = batch["id"][batch["mask"] > 0] if "mask" in batch else batch["id"]
         self._stats.samples += len(real)
         self._stats.count_components(self.source, real, ())
@@ -325,8 +352,10 @@ class Loader:
         return self._quarantine.report()
 
     def stats(self) -> dict:
-        """What the loader measured about itself (``stats.py``), and ``"handoff"``."""
-        return {**self._stats.as_dict(), "handoff": self.handoff}
+        """What the loader measured about itself (``stats.py``), ``"handoff"``, and with
+        ``pack_to`` the pack's state (``"pack"``: ``state``, ``path``, ``error``)."""
+        pack = {"pack": self._autopack.report()} if self._autopack is not None else {}
+        return {**self._stats.as_dict(), "handoff": self.handoff, **pack}
 
     @property
     def handoff(self) -> str:
@@ -427,8 +456,11 @@ class Loader:
         """Stop and join every worker, release shared memory, close the source."""
         self._closed = True
         try:
+            if self._autopack is not None:
+                self._autopack.stop()
             self._finalizer()
         finally:
+            close_reader(self._reader, self.source)
             close_source(self.source)
 
     def __enter__(self) -> "Loader":

@@ -36,6 +36,8 @@ class LoaderStats:
     fill_timeline: deque = field(default_factory=lambda: deque(maxlen=TIMELINE_POINTS))
     started: float = field(default_factory=time.monotonic)
     components: dict = field(default_factory=dict)  # a Mixture's component name -> {"samples", "skipped"}
+    reading: str = "files"  # what the current or last epoch read: "files" (the source) or "pack" (pack_to)
+    pack_batches: int = 0  # batches read from the pack (pack_to)
 
     def record_fill(self, ready: int) -> None:
         """Called as each batch is taken: the queue watermark at that moment."""
@@ -72,11 +74,13 @@ class LoaderStats:
             "queue_fill_total": self.fill_total,
             "queue_fill_max": self.fill_max,
             "queue_fill_timeline": list(self.fill_timeline),
+            "reading": self.reading,
+            "pack_batches": self.pack_batches,
             **({"components": {name: dict(c) for name, c in self.components.items()}} if self.components else {}),
         }
 
 
-COUNTERS = ("batches", "samples", "skipped", "wait_seconds", "inline_batches", "queue_fill_total")
+COUNTERS = ("batches", "samples", "skipped", "wait_seconds", "inline_batches", "queue_fill_total", "pack_batches")
 
 
 def stats_delta(before: dict, after: dict) -> dict:
