@@ -44,7 +44,7 @@ from .files import atomic_write, fsync_directory, staging_directory
 from .sources.base import close_source, fingerprint, locate
 
 PACK_NAME, IDENTITY_NAME = "pack", "source.json"
-NICENESS = 10  # the packer yields the CPU to the training loop and to the workers (5 below it)
+NICENESS = 19  # the lowest priority: the packer takes only cycles that the loop, its workers (and others) leave
 JOIN_SECONDS = 30.0
 
 
