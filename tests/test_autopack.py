@@ -162,3 +162,14 @@ def test_pack_to_with_jpeg_images_is_bit_identical(tmp_path):
 def test_a_source_without_a_fingerprint_is_refused():
     with pytest.raises(ValueError, match="pack_to needs a source with fingerprint"):
         Loader(sf.ArraySource(x=np.zeros(3)), 2, pack_to="/tmp/never-made")
+
+
+def test_shards_go_to_the_kernels_readahead_only_when_they_fit_in_memory(tmp_path, monkeypatch):
+    from steadyfeed import autopack
+    source = npy_pairs(tmp_path / "data", 20)
+    with Loader(source, 8, pack_to=tmp_path / "packs") as loader:
+        run_epochs(loader, 1)
+    shards = sorted((tmp_path / "packs").glob("*/pack/*.tfrecord"))
+    assert shards and autopack.prefetch(shards)
+    monkeypatch.setattr(autopack, "available_memory", lambda: sum(p.stat().st_size for p in shards))  # 2x too little
+    assert not autopack.prefetch(shards)

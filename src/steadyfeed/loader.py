@@ -27,6 +27,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from .autopack import AutoPack, close_reader
 from .config import ExecutionOptions, FailureOptions, LoaderConfig, ReadOptions, ShardOptions
 from .errors import SampleError, SampleTimeout, TooManyErrors, WorkerDied, with_original_type
 from .execution.batch import collate_error
@@ -35,7 +36,6 @@ from .execution.pool import InlinePool, make_pool
 from .execution.scheduler import EpochRun, Outcome
 from .execution.task import SampleFailure, WorkContext
 from .quarantine import Quarantine, QuarantineEntry
-from .autopack import AutoPack, close_reader
 from .diagnostics.isolation import read_exclusions
 from .sampling.elastic import remainder_chain
 from .sampling.exclusion import Exclusions, excluding
@@ -410,9 +410,9 @@ class Loader:
         try:
             saved = self._checked_exclusions(Exclusions.from_state(state.get("excluded")))
             start = epoch + (int(state["next_batch"]) > 0)
-            mine = Exclusions(self._exclusions.ids, np.maximum(self._exclusions.from_epoch, start),
-                              self._exclusions.reasons)
-            self._exclusions = saved.merged(mine)
+            own = Exclusions(self._exclusions.ids, np.maximum(self._exclusions.from_epoch, start),
+                             self._exclusions.reasons)
+            self._exclusions = saved.merged(own)
             saved_length, length = state.get("order_length"), len(self._plan(epoch).order)
             if saved_length is not None and saved_length != length:
                 raise ValueError(f"this state's epoch {epoch} has {saved_length} positions, here {length}")
