@@ -165,3 +165,13 @@ def test_unknown_checks_and_bad_thresholds_are_usage_errors(tmp_path, capsys):
     np.save(tmp_path / "x.npy", np.zeros((4, 8, 8), np.float32))
     assert main(["audit", "--npy", str(tmp_path / "x.npy"), "--checks", "image", "--threshold", "sharp=1"]) == 2
     assert "--threshold takes CHECK=VALUE" in capsys.readouterr().err
+
+
+def test_inspect_a_loader_judges_its_images_too():
+    from steadyfeed.tools.inspection import inspect_loader
+    images = [np.asarray(made.scene(s)) for s in range(30)]
+    images[7] = np.asarray(made.dark(made.scene(7)))
+    loader = Loader(sf.ArraySource(x=np.stack(images), y=np.arange(30) % 3), 8)
+    report = inspect_loader(loader, checks=("underexposed",))
+    assert not report.passed and [(p.sample_id, p.check) for p in report.problems] == [(7, "underexposed")]
+    assert report.as_dict()["findings"]["quality"]["per_class"] == {"1": {"underexposed": 1}}
