@@ -37,13 +37,16 @@ def shard_loaders(n, batch_size, shard_count, last_batch, exclude, shuffle=True,
                    last_batch=last_batch, shard_index=r, shard_count=shard_count, **kw) for r in range(shard_count)]
 
 
+@pytest.mark.timeout(600)
 @settings(max_examples=150, deadline=None)
 @given(n=st.integers(0, 90), data=st.data(), batch_size=st.integers(1, 9), shard_count=st.integers(1, 4),
-       last_batch=st.sampled_from(LAST_BATCH_POLICIES), shuffle=st.booleans())
+       last_batch=st.sampled_from(LAST_BATCH_POLICIES), shuffle=st.booleans(), workers=st.sampled_from([0, 2]))
 def test_exactly_once_over_the_remaining_samples_for_any_exclusion_set(n, data, batch_size, shard_count,
-                                                                        last_batch, shuffle):
+                                                                        last_batch, shuffle, workers):
+    """(Process workers run the same plans: test_batches_with_exclusions_are_identical_...)"""
     excluded = data.draw(st.sets(st.integers(0, max(n - 1, 0)), max_size=n)) if n else set()
-    loaders = shard_loaders(n, batch_size, shard_count, last_batch, sorted(excluded), shuffle=shuffle)
+    loaders = shard_loaders(n, batch_size, shard_count, last_batch, sorted(excluded), shuffle=shuffle,
+                            workers=workers)
     ids = delivered(loaders, epoch=1)
     rest = np.setdiff1d(np.arange(n), sorted(excluded))
     assert not np.isin(ids, sorted(excluded)).any()
@@ -55,6 +58,8 @@ def test_exactly_once_over_the_remaining_samples_for_any_exclusion_set(n, data, 
         assert len(loader) == sum(1 for _ in loader.epoch(0))
     if last_batch != "partial":
         assert len({len(loader) for loader in loaders}) == 1  # replicas still take the same number of steps
+    for loader in loaders:
+        loader.close()
 
 
 @settings(max_examples=200, deadline=None)
