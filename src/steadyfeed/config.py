@@ -50,6 +50,16 @@ def _documented(cls: type) -> type:
     return cls
 
 
+def _id_tuple(ids: Any) -> tuple[int, ...]:
+    """Sample ids (any iterable of integers) as a tuple of ints."""
+    try:
+        values = tuple(ids.tolist() if hasattr(ids, "tolist") else ids)
+    except TypeError:
+        raise ValueError(f"exclude takes sample ids, {{id: reason}} or a file, got {type(ids).__name__}") from None
+    _need(all(_is_int(i) for i in values), "exclude takes integer sample ids")
+    return tuple(int(i) for i in values)
+
+
 def _need(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
@@ -89,6 +99,10 @@ class ReadOptions:
                                   "disagreement raises CollateError, under any on_error); 'pad' pads each key to "
                                   "the largest shape of its batch (strings to the widest) and adds '<key>_shape' "
                                   "(int64, rows x ndim) with each row's true shape")
+    exclude: Any = option(None, metavar="FILE",
+                          doc="sample ids left out of every epoch (exactly once over the rest): ids, {id: reason}, "
+                              "or a file: a JSON list of ids, findings or an audit report (--json), or a quarantine "
+                              "file (diagnostics/isolation.py); loader.exclude(ids, reason) adds more")
 
     def __post_init__(self):
         _need(_is_int(self.batch_size) and self.batch_size >= 1, f"batch_size must be an int >= 1, got {self.batch_size!r}")
@@ -97,6 +111,8 @@ class ReadOptions:
         _one_of("collate", self.collate, COLLATE_POLICIES)
         _need(not (self.shuffle and self.sampler is not None), "pass either shuffle=True or a sampler, not both")
         _need(self.transform is None or callable(self.transform), "transform must be callable(sample, rng) -> dict")
+        if self.exclude is not None and not isinstance(self.exclude, (str, os.PathLike, dict)):
+            object.__setattr__(self, "exclude", _id_tuple(self.exclude))  # comparable and immutable, as a config is
 
 
 @_documented
@@ -126,6 +142,11 @@ class ExecutionOptions:
                                       "once, in a warning and in stats()['transport']); 'shm' raises "
                                       "SharedMemoryFull instead; 'pipe' always uses the pipes (one more copy per "
                                       "batch, batches never in /dev/shm)")
+    pack_to: str | os.PathLike | None = option(None, metavar="DIR",
+                                               doc="pack the source into TFRecord shards under DIR (keyed by its "
+                                                   "fingerprint) in the background during the first epoch, and read "
+                                                   "the shards from the next epoch and later runs on; batches are "
+                                                   "bit-identical (autopack.py)")
 
     def __post_init__(self):
         _need(_is_int(self.workers) and self.workers >= 0, f"workers must be an int >= 0, got {self.workers!r}")

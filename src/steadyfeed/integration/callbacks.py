@@ -55,7 +55,9 @@ class LoaderMonitor(_LoaderCallback):
       slower steps do not scale (a fraction shrinks when the steps get slower);
     * ``data_queue_fill``: mean number of batches ready when one was taken (0: the
       training loop always waited; near ``prefetch``: data was never the bottleneck);
-    * ``data_quarantined``: samples skipped so far under ``on_error="skip"``.
+    * ``data_quarantined``: samples skipped so far under ``on_error="skip"``;
+    * ``data_from_pack``: the share of the epoch's batches read from the ``pack_to`` shards
+      (0 while the files are read, 1 once the pack is).
 
     The training time of an epoch runs from ``on_epoch_begin`` to its last
     ``on_train_batch_end``, so validation does not dilute the figures.
@@ -85,6 +87,7 @@ def epoch_figures(before: dict, after: dict, seconds: float) -> dict:
         "data_wait_ms_per_step": 1000 * delta["wait_seconds"] / batches if batches else 0.0,
         "data_queue_fill": delta["queue_fill_mean"],
         "data_quarantined": float(after["skipped"]),
+        "data_from_pack": delta["pack_batches"] / batches if batches else 0.0,
     }
 
 

@@ -94,7 +94,8 @@ def merge_states(states: list[dict]) -> dict:
     policy applied to it; later epochs are planned for the new shards as usual.
 
     The states must come from one run: the same data, plan and epoch (a shard that already
-    finished the epoch may be at the start of the next), one state per shard index."""
+    finished the epoch may be at the start of the next), one state per shard index, and the
+    same excluded ids (``Loader.exclude``), which the merged state keeps."""
     from ..loader import check_state_format
 
     states = [copy.deepcopy(dict(s)) for s in states]
@@ -105,6 +106,8 @@ def merge_states(states: list[dict]) -> dict:
     first = states[0]
     if any(s["fingerprint"] != first["fingerprint"] for s in states):
         _fail("they were saved by loaders with different data or plans (their fingerprints differ)")
+    if any(s.get("excluded") != first.get("excluded") for s in states):
+        _fail("their loaders excluded different ids (every shard must exclude the same: loader.exclude on each)")
     shards = [s.get("shard") for s in states]
     if any(s is None for s in shards):
         _fail("a state is itself a merge; merge the states its loaders saved")
@@ -148,4 +151,5 @@ def _merged(first: dict, epoch: int, levels: list, order_length: int) -> dict:
 
     return {"format": STATE_FORMAT, "epoch": epoch, "next_batch": 0, "fingerprint": first["fingerprint"],
             "shard": None, "order_length": order_length,
-            "remainder": {"epoch": epoch, "levels": levels} if levels else None}
+            "remainder": {"epoch": epoch, "levels": levels} if levels else None,
+            "excluded": first.get("excluded")}

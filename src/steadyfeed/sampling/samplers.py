@@ -64,6 +64,11 @@ class RangeOrder:
     def take(self, positions) -> np.ndarray:
         return _positions(positions).copy()
 
+    def positions_of(self, ids) -> np.ndarray:
+        """Where ``ids`` lie (for exclusion, ``exclusion.py``): ids 0..n-1 are their own positions."""
+        ids = _positions(ids)
+        return ids[(ids >= 0) & (ids < self.n)]
+
 
 class PermutedOrder:
     """A keyed permutation of 0..n-1 (``permutation.Permutation``)."""
@@ -79,6 +84,11 @@ class PermutedOrder:
     def take(self, positions) -> np.ndarray:
         return self.permutation.take(positions)
 
+    def positions_of(self, ids) -> np.ndarray:
+        """Where ``ids`` lie: the inverse permutation, O(len(ids))."""
+        ids = _positions(ids)
+        return self.permutation.positions_of(ids[(ids >= 0) & (ids < len(self))])
+
 
 class ArrayOrder:
     """An order given as an array (what a custom sampler's ``epoch_order`` returns)."""
@@ -92,6 +102,10 @@ class ArrayOrder:
 
     def take(self, positions) -> np.ndarray:
         return self.ids[_positions(positions)]
+
+    def positions_of(self, ids) -> np.ndarray:
+        """Every position holding one of ``ids`` (the array is at hand: one pass over it)."""
+        return np.flatnonzero(np.isin(self.ids, _positions(ids)))
 
 
 def order_of(sampler, num_items: int, seed: int, epoch: int) -> Order:

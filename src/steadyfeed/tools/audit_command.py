@@ -13,6 +13,7 @@ import contextlib
 import json
 
 from .. import quality
+from ..diagnostics import image_quality, near_duplicates
 from .audit import audit, parse_settings
 from .spec import (
     SpecError, add_spec_arguments, describe, loader_from_args, loader_from_spec, resolve_callable, usage_error,
@@ -36,7 +37,15 @@ def add_arguments(parser) -> None:
     audit_options.add_argument("--label-key", action="append", dest="label_keys", metavar="KEY",
                                help="a label key: compared by id, left out of content digests (default y; repeatable)")
     audit_options.add_argument("--checks", default="", metavar="NAMES",
-                               help=f"data-quality checks on the stored samples: {', '.join(quality.CHECKS)} or all")
+                               help=f"data-quality checks on the stored samples: {', '.join(quality.CHECKS)} or all; "
+                                    f"image checks {', '.join(image_quality.CHECKS)} or image")
+    audit_options.add_argument("--near-duplicates", nargs="?", type=int, const=near_duplicates.MAX_DISTANCE,
+                               default=None, metavar="BITS",
+                               help="hash every image (pHash) and report near-identical pairs within the split and "
+                                    f"across --against, up to BITS apart (default {near_duplicates.MAX_DISTANCE})")
+    audit_options.add_argument("--threshold", action="append", default=[], metavar="CHECK=VALUE",
+                               help="an image check's threshold instead of the data's robust one, e.g. blur=0.002 "
+                                    "(repeatable)")
     audit_options.add_argument("--drift-threshold", type=float, default=quality.DRIFT_THRESHOLD, metavar="T",
                                help="largest total variation between label histograms (default %(default)s)")
     audit_options.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -49,6 +58,7 @@ def run(args) -> int:
             raise SpecError(f"--epochs must be >= 1, got {args.epochs}")
         settings = parse_settings(args.settings)
         checks = quality.check_names(args.checks)
+        thresholds = parse_thresholds(args.threshold)
         check = resolve_callable(args.check) if args.check else None
         loader = loader_from_args(args)
         against = loader_from_spec(args.against, args) if args.against else None
@@ -60,6 +70,22 @@ def run(args) -> int:
                 stack.enter_context(opened)
         report = audit(loader, epochs=args.epochs, settings=settings, check=check, against=against,
                        label_keys=args.label_keys or ("y",), checks=checks, drift_threshold=args.drift_threshold,
+                       thresholds=thresholds, near_duplicates=args.near_duplicates,
                        target=describe(args), progress=args.progress)
     print(json.dumps(report.as_dict(), indent=1) if args.json else report.table())
     return 0 if report.passed else 1
+
+
+def parse_thresholds(pairs: list[str]) -> dict[str, float]:
+    """``["blur=0.002"]`` -> ``{"blur": 0.002}``, each name an image check."""
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or name not in image_quality.CHECKS:
+            raise ValueError(f"--threshold takes CHECK=VALUE with CHECK one of {', '.join(image_quality.CHECKS)}, "
+                             f"got {pair!r}")
+    return out

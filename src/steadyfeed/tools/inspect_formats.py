@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import quality
+from ..diagnostics import image_quality
 from ..errors import DataError
 from ..execution.batch import conflict_fix, layout_conflict
 
@@ -57,6 +58,7 @@ class FileInfo:
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # parts (records) that fail to read
     notes: list[str] = field(default_factory=list)
     table: dict | None = None
+    scores: dict[str, float] = field(default_factory=dict)  # image check -> score (diagnostics/image_quality.py)
 
 
 def shape_text(shape: Sequence[int], dtype: Any = None) -> str:
@@ -78,7 +80,18 @@ def probe_image(reader, path: str, info: FileInfo, decode: bool, checks: Sequenc
     info.image = (header.height, header.width)
     info.output = (reader.output_shape(header), np.dtype(np.uint8))
     if decode:
-        info.problems = quality.sample_problems(path, {"image": reader.load(path)}, checks)
+        image = reader.load(path)
+        info.problems = quality.sample_problems(path, {"image": image}, checks)
+        info.scores = image_scores(image, checks)
+
+
+def image_scores(a: np.ndarray, checks: Sequence[str]) -> dict[str, float]:
+    """The image checks' scores of one array, computed as the file is read (nothing when not an image)."""
+    wanted = quality.image_checks(checks)
+    if not wanted or not image_quality.is_image(a):
+        return {}
+    found = image_quality.scores(a)
+    return {name: float(found[name][0]) for name in wanted}
 
 
 # -- .npy ----------------------------------------------------------------------------------------
@@ -92,7 +105,9 @@ def probe_npy(path: str, info: FileInfo, decode: bool, checks: Sequence[str]) ->
         os.close(fd)
     info.format, info.shapes["npy"] = "npy", shape_text(layout.shape, layout.dtype)
     if decode:
-        info.problems = quality.sample_problems(path, {"npy": npy.read_npy(path)}, checks)
+        array = npy.read_npy(path)
+        info.problems = quality.sample_problems(path, {"npy": array}, checks)
+        info.scores = image_scores(array, checks)
 
 
 # -- HDF5 ----------------------------------------------------------------------------------------

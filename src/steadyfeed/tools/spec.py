@@ -334,16 +334,17 @@ _SHORTCUTS: dict[str, Callable[[Any, argparse.Namespace], Any]] = {
 
 # -- reading a loader's data as it is ------------------------------------------------------------
 def raw_loader(loader: Loader, *, batch_size: int | None = None, workers: int | None = None,
-               mode: str | None = None) -> Loader:
-    """A loader over ``loader``'s source as stored: every id once, in id order, no transform,
-    one shard, ids in each batch, failing samples skipped (see its ``quarantine_report()``)
-    however many fail, and nothing written to the original's quarantine file."""
+               mode: str | None = None, transform=None) -> Loader:
+    """A loader over ``loader``'s source as stored: every id once (excluded ones too), in id
+    order, from the source itself (never a ``pack_to`` pack), no transform, one shard, ids in each batch, failing samples skipped (see its ``quarantine_report()``)
+    however many fail, and nothing written to the original's quarantine file. ``transform``
+    (default none) runs in its workers: what a command measures there (image scores)."""
     execution = loader.config.execution
     return at_setting(
         loader, execution.workers if workers is None else workers, mode or execution.mode,
         batch_size=batch_size or loader.config.read.batch_size,
-        transform=None, shuffle=False, sampler=None, last_batch="partial", shard_index=0, shard_count=1,
-        on_error="skip", max_error_fraction=1.0,
+        transform=transform, shuffle=False, sampler=None, last_batch="partial", shard_index=0, shard_count=1,
+        on_error="skip", max_error_fraction=1.0, exclude=None, pack_to=None,
     )
 
 
