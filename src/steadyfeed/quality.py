@@ -103,13 +103,14 @@ class Checked(SourceWrapper):
     """
 
     def __init__(self, source: Any, checks: Iterable[str] | str = ("finite", "not_constant"), *,
-                 keys: Iterable[str] | None = None, shapes: Mapping[str, Sequence[int]] | None = None):
+                 keys: Iterable[str] | None = None, shapes: Mapping[str, Sequence[int]] | None = None) -> None:
         super().__init__(source)
         self.checks = check_names(checks)
         self.keys = None if keys is None else tuple(keys)
         self.shapes = {key: tuple(int(d) for d in shape) for key, shape in (shapes or {}).items()}
 
-    def wrap_sample(self, i: int, sample):
+    def wrap_sample(self, i: int, sample: Mapping[str, Any]) -> Mapping[str, Any]:
+
         problems = sample_problems(i, sample, self.checks, self.keys)
         problems += [Problem(i, key, "shape", f"expected shape {shape}, found {np.shape(sample[key])}")
                      for key, shape in self.shapes.items() if np.shape(sample[key]) != shape]

@@ -23,7 +23,7 @@ import hashlib
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Literal, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -78,7 +78,7 @@ def locate(source: Any, sample_id: int) -> str | None:
         return None
 
 
-def read_many(source: Any, ids: Sequence[int]) -> list[Mapping[str, Any]] | None:
+def read_many(source: Any, ids: Sequence[int] | np.ndarray) -> list[Mapping[str, Any]] | None:
     """The batch via ``source.read_many`` when offered and successful, else None.
 
     None means "read one by one": a failing batched read is retried per sample so
@@ -108,7 +108,8 @@ def file_fingerprint(paths) -> str:
     return digest.hexdigest()
 
 
-def read_columns(source: Any, ids: Sequence[int]) -> dict[str, np.ndarray] | None:
+def read_columns(source: Any, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray] | None:
+
     """The batch via ``source.read_batch`` when offered and well-formed, else None.
 
     None means "take the per-sample path", which pins any failure on its sample id.
@@ -189,7 +190,7 @@ class LazyHandles:
         return {"_opener": self._opener, "_closer": self._closer}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["_opener"], state["_closer"])
+        LazyHandles.__init__(self, state["_opener"], state["_closer"])
 
 
 def _close_handle(handle: Any) -> None:
@@ -204,9 +205,9 @@ class MappedFile:
     offset: int
     dtype: np.dtype  # the dtype itself: a string would lose structured dtypes
     shape: tuple
-    order: str
+    order: Literal["C", "F"]
 
-    def open(self, file=None) -> np.memmap:
+    def open(self, file: Any = None) -> np.memmap:
         """The mapping, of ``file`` (an open file object of ``filename``) when given."""
         return np.memmap(self.filename if file is None else file, dtype=np.dtype(self.dtype), mode="r",
                          offset=self.offset, shape=self.shape, order=self.order)

@@ -192,7 +192,8 @@ class _RowGroups:
         return {"max_bytes": self.max_bytes}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["max_bytes"])
+        _RowGroups.__init__(self, state["max_bytes"])
+
 
 
 def _open_parquet(key):
