@@ -69,10 +69,12 @@ class WorkerSlots:
         It records the layout on itself (``allocate.layout``) for the result message.
         """
         def allocate(specs: dict) -> dict:
-            allocate.layout, size = layout_of(specs)
-            return _views(self._segment(name, size), allocate.layout)
+            layout, size = layout_of(specs)
+            allocate.layout = layout  # type: ignore[attr-defined]  # mypy does not model function attributes
+            return _views(self._segment(name, size), layout)
 
-        allocate.layout = None
+        allocate.layout = None  # type: ignore[attr-defined]
+
         return allocate
 
     def _segment(self, name: str, size: int) -> shared_memory.SharedMemory:
