@@ -271,7 +271,6 @@ class Loader:
         if failure.exception is not None:  # catchable as what the worker raised, too
             # ignore: mypy checks a class against Hashable by its instances' __hash__ (python/mypy#11470)
             cls = with_original_type(cls, type(failure.exception))  # type: ignore[arg-type]
-
         error = cls(
             message, sample_id=failure.sample_id, epoch=epoch, batch_index=batch_index,
             attempts=failure.attempts, error_type=failure.error_type, location=where,
@@ -370,7 +369,6 @@ class Loader:
         return to_tf_dataset(self, x=x, y=y)
 
     def as_torch(self) -> TorchBatches:
-
         """A ``torch.utils.data.IterableDataset`` of tensors; see ``integration.torch_dataset``."""
         from .integration.torch_dataset import TorchBatches
         return TorchBatches(self)

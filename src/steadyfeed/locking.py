@@ -30,7 +30,6 @@ import threading
 from typing import Any, Callable, overload
 
 
-
 class Serialized:
     """A callable that runs ``fn`` under a per-process lock. Made by :func:`serialized`."""
 
@@ -83,7 +82,6 @@ def serialized(fn: Callable, *, timeout: float | None = None) -> Serialized: ...
 def serialized(fn: None = None, *, timeout: float | None = None) -> Callable[[Callable], Serialized]: ...
 def serialized(fn: Callable | None = None, *,
                timeout: float | None = None) -> Serialized | Callable[[Callable], Serialized]:
-
     """Wrap ``fn`` so that only one thread (per process) runs it at a time.
 
     Use as ``decode = serialized(lib.decode)``, ``serialized(lib.decode, timeout=30)``, or

@@ -110,7 +110,6 @@ class Checked(SourceWrapper):
         self.shapes = {key: tuple(int(d) for d in shape) for key, shape in (shapes or {}).items()}
 
     def wrap_sample(self, i: int, sample: Mapping[str, Any]) -> Mapping[str, Any]:
-
         problems = sample_problems(i, sample, self.checks, self.keys)
         problems += [Problem(i, key, "shape", f"expected shape {shape}, found {np.shape(sample[key])}")
                      for key, shape in self.shapes.items() if np.shape(sample[key]) != shape]

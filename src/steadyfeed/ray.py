@@ -166,7 +166,6 @@ def _index_blocks(ds, key: str | None, preserve_order: bool) -> tuple[list, list
             for block in bundle.block_refs:
                 # (Any: Ray's stubs type .remote() as one ObjectRef whatever num_returns says)
                 arrays, info = cast(Any, _index_block.remote(block, key))
-
                 refs.append(arrays)
                 info_refs.append(info)
                 if len(info_refs) > INDEXING_IN_FLIGHT:  # bounded, so Ray Data's blocks do not pile up
@@ -285,7 +284,6 @@ class _EpochDatasource(Datasource):
 
     @property
     def supports_distributed_reads(self) -> bool:
-
         return False  # on this machine, like the loader it copies (and its quarantine file)
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,

@@ -276,7 +276,6 @@ def run_batch(task: BatchTask, ctx: WorkContext, status: StatusSlot, allocate: A
         status.begin(task.task_id, Stage.COLLATING)
         t0 = time.perf_counter()
         arrays: dict[str, np.ndarray] | None = collate_columns(reader.columns, task, allocate, ctx.collate)
-
         timings = {"read": reader.read_seconds, "transform": 0.0, "collate": time.perf_counter() - t0}
         status.idle()
         return BatchResult(task.task_id, spec.index, arrays, (), timings)

@@ -123,8 +123,6 @@ class MeasuredHandoff:
             self._phase, self.to_workers = "probe", False
             self._here: list[float] | None = None  # cycles of batches made here, once steady
 
-
-
     def _probe(self, cycle: float) -> None:
         if self._here is None:  # the first batch made here follows the switch: not a steady cycle
             self._here = []

@@ -294,7 +294,6 @@ class RayPool(WorkerPool):
         self._idle_since = None
         if actor.kept not in (None, "shared") and actor.node_id not in self._agents:
             self._agents[actor.node_id] = NodeAgent.options(  # type: ignore[attr-defined]  # an ActorClass, as above
-
                 name=f"{ACTOR_PREFIX}{self.token}-agent-{actor.node_id[:12]}",
                 scheduling_strategy=NodeAffinitySchedulingStrategy(actor.node_id, soft=False),
             ).remote()  # started now, so it is up by the time an actor there dies
@@ -421,7 +420,6 @@ class RayPool(WorkerPool):
     def _collect(self, timeout: float) -> list[Event]:
         self._check_cluster()
         owners: dict[Any, _Actor] = {}
-
         for actor in self.workers.values():
             owners.update(dict.fromkeys(actor.pending, actor))
             if actor.started_ref is not None:  # a placement wakes the wait too

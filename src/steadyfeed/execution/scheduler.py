@@ -180,7 +180,6 @@ class EpochRun:
         """Blame the lost attempt on the sample the worker was on."""
         task = batch.task
         assert task is not None  # a worker lost it: it was submitted
-
         if position is Stage.READING_BATCH:
             batch.task = replace(task, batched_read=False)  # next time one by one, so a death names its sample
             return

@@ -74,7 +74,6 @@ class WorkerSlots:
             return _views(self._segment(name, size), layout)
 
         allocate.layout = None  # type: ignore[attr-defined]
-
         return allocate
 
     def _segment(self, name: str, size: int) -> shared_memory.SharedMemory:

@@ -22,7 +22,6 @@ from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
 
-
 from ..errors import RemoteError
 from ..sources.base import close_source
 from . import shm

@@ -136,7 +136,6 @@ class LoaderCheckpoint(_LoaderCallback):
 
     def __init__(self, data: Any, directory: str | os.PathLike[str], save_freq: int | str = "epoch",
                  delete_checkpoint: bool = True) -> None:
-
         super().__init__(data)
         self.schedule = _SaveSchedule(save_freq)
         self.path = os.path.join(os.fspath(directory), STATE_FILE)

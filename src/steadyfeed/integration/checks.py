@@ -61,7 +61,6 @@ def _pair(layout: BatchLayout, inputs: list) -> list[tuple[str, Any]]:
     return [(key, inputs[int(i)]) for key, i in pairs]  # positions: x is a key or a tuple here
 
 
-
 def _check_one(key: str, array: np.ndarray, tensor: Any) -> None:
     expected = tuple(tensor.shape)
     got = tuple(array.shape)

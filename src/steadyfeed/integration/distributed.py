@@ -47,5 +47,4 @@ def shard_from_torch() -> dict:
     else:
         if dist.is_available() and dist.is_initialized():
             return _shard(dist.get_rank(), dist.get_world_size(), "torch.distributed")
-
     return _shard(os.environ.get("RANK", 0), os.environ.get("WORLD_SIZE", 1), "RANK/WORLD_SIZE")

@@ -244,7 +244,6 @@ class KerasFeed:
         skipped = sum(1 for entry in self.loader.quarantine_report() if entry["epoch"] == epoch)
         current = self._pass
         assert current is not None  # raised while taking a batch of the open pass
-
         if not skipped:
             return RuntimeError(f"steadyfeed bug: epoch {epoch} of the loader ended after {current.taken} of "
                                 f"the {current.length} batches of its pass")

@@ -101,7 +101,6 @@ class BatchLayout:
         assert self.x is not None  # refused by __post_init__
         return [(key, i) for i, key in enumerate(self.x)]
 
-
     def keys(self) -> list[str]:
         """Every batch key this layout reads (besides ``"mask"``)."""
         extra = [self.sample_weight] if self.sample_weight else []

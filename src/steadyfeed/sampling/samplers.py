@@ -190,7 +190,6 @@ class WeightedSampler(_LazySampler):
 
     @classmethod
     def balanced(cls, labels: Sequence | np.ndarray, num_samples: int | None = None) -> "WeightedSampler":
-
         """Every class is drawn equally often in expectation (weight 1 / class count)."""
         labels = np.asarray(labels)
         _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)

@@ -44,7 +44,6 @@ class ArraySource:
         assert length is not None  # checked just above
         self._len: int = length
 
-
     def __len__(self) -> int:
         return self._len
 
@@ -58,7 +57,6 @@ class ArraySource:
         return {name: a[ids] for name, a in self.arrays.items()}  # one gather per array
 
     def read_many(self, ids: Sequence[int] | np.ndarray) -> list[dict]:
-
         return split_rows(self.read_batch(ids))
 
     def locate(self, i: int) -> str:

@@ -109,7 +109,6 @@ def file_fingerprint(paths) -> str:
 
 
 def read_columns(source: Any, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray] | None:
-
     """The batch via ``source.read_batch`` when offered and well-formed, else None.
 
     None means "take the per-sample path", which pins any failure on its sample id.

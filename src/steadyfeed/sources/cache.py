@@ -257,7 +257,6 @@ class DiskCache(_Cache):
     _PER_PROCESS = _Cache._PER_PROCESS + ("_corrupt", "_write_errors")
 
     def __init__(self, source: Any, directory: str | os.PathLike[str], *, key: str | None = None) -> None:
-
         super().__init__(source)
         if key is not None and not isinstance(key, str):
             raise TypeError(f"key must be a string, got {type(key).__name__}")

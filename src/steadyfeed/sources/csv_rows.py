@@ -53,7 +53,6 @@ from array import array
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-
 import numpy as np
 
 from ..errors import DataError
@@ -376,7 +375,6 @@ class CsvSource:
         index = _Index.load(self._cache, self._stamp, *self._span)  # (an index of 0 rows is falsy: compare with None)
         self._index: _Index | None = self._build(st, line) if index is None else index
         self._len = len(self._index)
-
         self._handles = LazyHandles(_Opener(self.path, st.st_size, st.st_mtime_ns), os.close)
         self.keys = {key: self._finish_key(key, sel, (fill or {}).get(key)) for key, sel in self.keys.items()}
         unknown = sorted(set(fill or {}) - set(self.keys))
@@ -440,7 +438,6 @@ class CsvSource:
         if index is None:  # dropped by close() or pickling: reload (two threads may both; either copy is right)
             assert self._cache is not None  # only a saved index is dropped
             index = self._index = _Index.load(self._cache, self._stamp, *self._span)
-
             if index is None:
                 raise DataError(f"{self.path}: its index {self._cache} is gone or was rebuilt for a changed "
                                 f"file; build a new CsvSource")

@@ -92,7 +92,6 @@ class ImageReader:
                             f"decoding")
         try:
             image: np.ndarray | Image.Image | None = self._jpeg(data, path) if data[:2] == b"\xff\xd8" else None
-
             if image is None:
                 image = self._pillow(data, path)
             return self._finish(image)
@@ -213,7 +212,6 @@ class ImageFolder(ImageReader):
                  extensions: Iterable[str] = IMAGE_EXTENSIONS, max_pixels: int = MAX_PIXELS,
                  max_bytes: int = MAX_BYTES, cache_dir: str | os.PathLike[str] | None = None,
                  progress: bool = True) -> None:
-
         super().__init__(size, channels, max_pixels=max_pixels, max_bytes=max_bytes)
         self.root = os.path.abspath(os.fspath(root))
         self.extensions = frozenset("." + e.lower().lstrip(".") for e in extensions)

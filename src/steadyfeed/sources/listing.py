@@ -29,7 +29,6 @@ import tempfile
 from array import array
 from typing import Any, Callable, Iterator, Sequence
 
-
 import numpy as np
 
 from ..errors import DataError

@@ -135,7 +135,6 @@ class Mixture:
         return self.sources[component][item]
 
     def read_many(self, ids: Sequence[int] | np.ndarray) -> list:
-
         """The samples of ``ids``, read per component in one call each where it offers one."""
         found = [self.resolve(i) for i in ids]
         out: list = [None] * len(found)

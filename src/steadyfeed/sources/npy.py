@@ -19,7 +19,6 @@ import struct
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
-
 import numpy as np
 
 from ..errors import DataError
@@ -98,7 +97,6 @@ def _read_into(fd: int, out: np.ndarray, offset: int, path: str) -> None:
     """Fill ``out`` with the file's bytes from ``offset``."""
     missing = pread_fully(fd, memoryview(out.reshape(-1, order="A").view(np.uint8)),  # type: ignore[arg-type]
                           offset)  # numpy's stubs give ndarray a __buffer__ on Python >= 3.12 only
-
     if missing:
         raise DataError(f"{path}: file shrank while being read ({missing} bytes missing at offset "
                         f"{offset + out.nbytes - missing})")

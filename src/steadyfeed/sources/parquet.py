@@ -195,7 +195,6 @@ class _RowGroups:
         _RowGroups.__init__(self, state["max_bytes"])
 
 
-
 def _open_parquet(key):
     path, _thread = key  # one handle per thread: a ParquetFile is not documented as thread-safe
     return pyarrow_module().parquet.ParquetFile(path)
@@ -279,7 +278,6 @@ class ParquetSource:
         return [self[i] for i in ids]
 
     def read_batch(self, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
-
         """The rows of ``ids`` as stacked columns, one decode per row group they touch."""
         ids = np.asarray(ids, dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= len(self)):
@@ -315,7 +313,6 @@ class ParquetSource:
             if sel.fill is not None:
                 return sel.fill
             if column.kind == "number" and column.dtype is not None and column.dtype.kind == "f":
-
                 return np.asarray(np.nan, dtype=column.dtype)
             raise DataError(f"{self.locate(i)}: column {column.name!r} ({column.type_text}) is null; pass "
                             f"fill={{{key!r}: value}} for null values")

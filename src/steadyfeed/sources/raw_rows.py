@@ -82,7 +82,6 @@ def read_rows(fd: int, raw: RawRows, ids: np.ndarray, out: np.ndarray, gap_bytes
         # consecutive ids go straight into the output; ids a few rows apart share a read of their span
         span = None if last - start + 1 == b - a else np.empty((last - start + 1, rb), np.uint8)
         view = flat[a * rb:b * rb] if span is None else memoryview(span.reshape(-1))  # type: ignore[arg-type]
-
         if os.preadv(fd, [view], offsets[a]) != len(view) and pread_fully(fd, view, offsets[a]):  # rare
             return start, last
         if span is not None:

@@ -309,14 +309,12 @@ class WebDatasetSource:
 
     def _break_error(self, shard: _Shard, fd: int) -> DataError:
         assert shard.broken is not None  # only for a shard whose tar stream breaks
-
         reason = _break_reason(fd, os.fstat(fd).st_size, shard.broken)
         before = (f"the {len(shard.samples)} sample(s) before it read" if shard.samples
                   else "no sample before it (is it a tar file?)")
         return DataError(f"{shard.path}: the tar stream breaks at byte {shard.broken}: {reason}; {before}")
 
     def read_many(self, ids: Sequence[int] | np.ndarray) -> list[dict]:
-
         return [self[i] for i in ids]
 
     def fingerprint(self) -> str:

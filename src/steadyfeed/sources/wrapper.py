@@ -48,7 +48,6 @@ class SourceWrapper:
 
     @property
     def fingerprint(self) -> Callable[[], str]:
-
         return self.source.fingerprint
 
     def close(self) -> None:

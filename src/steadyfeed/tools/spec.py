@@ -279,7 +279,6 @@ def _hdf5(path: str, args) -> Any:
     return Hdf5Source(path, swmr=False, **keys)
 
 
-
 def _images(root: str, args) -> Any:
     from .. import sources
     return sources.ImageFolder(root, size=args.image_size, channels=args.channels)
@@ -291,7 +290,6 @@ def _csv(path: str, args) -> Any:
         raise SpecError("--csv needs the input columns, e.g. --x a,b,c (and --y label)")
     columns = [int(c) if c.isdigit() else c for c in args.x.split(",")]
     keys: dict[str, Any] = {"x": columns} | ({"y": int(args.y) if args.y.isdigit() else args.y} if args.y else {})
-
     delimiter = "\t" if args.delimiter in ("\\t", "tab") else args.delimiter
     return CsvSource(path, dtypes=_named(args.dtype, "--dtype"), delimiter=delimiter, **keys)
 

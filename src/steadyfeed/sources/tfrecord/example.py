@@ -46,7 +46,6 @@ _LIST_DTYPES: dict[str, np.dtype] = {"float_list": np.dtype("float32"), "int64_l
 
 @functools.lru_cache(maxsize=None)
 def example_classes() -> dict[str, Any]:  # protobuf message classes, made at run time
-
     """Message classes wire-compatible with tensorflow/core/example/{feature,example}.proto.
 
     Built from a descriptor in a private pool, so they never clash with TensorFlow's own

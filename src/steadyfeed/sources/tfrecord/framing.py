@@ -382,7 +382,6 @@ def save_index(path: str, rows: np.ndarray, target: str, st: os.stat_result | No
     st = os.stat(path) if st is None else st
     compression = index.compression if index is not None else ""
     data_st = os.stat(index.data_path) if index is not None and compression else st
-
     broken, stream = (index.broken, index.stream) if index is not None else (None, None)
     index_cache.save(target, _stamp(st, compression), _payload(data_st, rows, broken, stream))
 

@@ -105,7 +105,6 @@ class TFRecordSource:
         """Specs from the first good records (up to INFER_RECORDS, across files)."""
         records: list[bytes] = []
         for f, index in enumerate(self._files):
-
             for r in range(min(len(index.rows), INFER_RECORDS - len(records))):
                 records.append(self._data(f, r))
         if not records:
@@ -146,7 +145,6 @@ class TFRecordSource:
             raise DataError(f"{record_name(r, index.rows.item(r, 0), index.name)}: {exc}") from None
 
     def read_many(self, ids: Sequence[int] | np.ndarray) -> list[dict]:
-
         """The samples of ``ids`` (in that order), read in file and offset order."""
         ids = [int(i) for i in ids]
         samples: list = [None] * len(ids)
