@@ -129,7 +129,7 @@ class Outliers:
     """The most common value of a property (a shape, an image mode), how many items have it,
     and the items that do not."""
 
-    common: Hashable
+    common: Any  # hashable: a shape, an image mode, ...
     common_count: int
     items: list
 
