@@ -22,7 +22,7 @@ import functools
 import os
 import pickle
 import zlib
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Iterator, cast
 
 import numpy as np
 import ray  # absolute import: the Ray package, not this module
@@ -35,6 +35,7 @@ from .execution.ray_pool import ray_init_options
 if TYPE_CHECKING:
     from ray.client_builder import BaseContext
 
+    from .config import LoaderConfig
     from .loader import Loader
 
 __all__ = ["RayClusterLost", "RayDatasetSource", "init", "source_from_ray_dataset", "to_ray_dataset"]
@@ -102,7 +103,7 @@ class RayDatasetSource:
                     "not connected to Ray: build the source again after steadyfeed.ray.init()")
         return None
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict:
         return {**self.__dict__, "_cached": None}
 
     def __repr__(self) -> str:
@@ -156,7 +157,7 @@ def _check_columns(columns: list[str], key: str | None) -> None:
         raise ValueError(f"key={key!r} is not a column of the Ray dataset (columns: {columns})")
 
 
-def _index_blocks(ds, key: str | None, preserve_order: bool) -> tuple[list, list[dict]]:
+def _index_blocks(ds: ray.data.Dataset, key: str | None, preserve_order: bool) -> tuple[list, list[dict]]:
     """Stream the dataset's blocks into numpy blocks in the object store: (their refs, their infos)."""
     options = ds.context.execution_options
     saved, options.preserve_order = options.preserve_order, options.preserve_order or preserve_order
@@ -176,7 +177,7 @@ def _index_blocks(ds, key: str | None, preserve_order: bool) -> tuple[list, list
 
 
 @ray.remote(num_returns=2)
-def _index_block(block, key: str | None):
+def _index_block(block: Any, key: str | None) -> tuple[dict, dict]:
     """A Ray Data block as numpy columns (kept in the object store), and what indexing needs of it."""
     arrays = cast(dict, BlockAccessor.for_block(block).to_numpy())  # a table's blocks: {column: array}
     rows = len(next(iter(arrays.values()))) if arrays else 0
@@ -188,7 +189,7 @@ def _index_block(block, key: str | None):
     return arrays, info
 
 
-def _scalar(value):
+def _scalar(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
@@ -276,7 +277,7 @@ def to_ray_dataset(loader: Loader, epoch: int = 0, *, block_bytes: int | None = 
 class _EpochDatasource(Datasource):
     """One read task that yields a block per batch as a copy of the loader makes them."""
 
-    def __init__(self, source, config, epoch: int):
+    def __init__(self, source: Any, config: LoaderConfig, epoch: int) -> None:
         self.source, self.config, self.epoch = source, config, epoch
 
     def estimate_inmemory_data_size(self) -> int | None:
@@ -287,12 +288,12 @@ class _EpochDatasource(Datasource):
         return False  # on this machine, like the loader it copies (and its quarantine file)
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
-                       data_context=None) -> list[ReadTask]:
+                       data_context: Any = None) -> list[ReadTask]:
         metadata = BlockMetadata(num_rows=None, size_bytes=None, input_files=None, exec_stats=None)
         return [ReadTask(functools.partial(_epoch_blocks, self.source, self.config, self.epoch), metadata)]
 
 
-def _epoch_blocks(source, config, epoch: int):
+def _epoch_blocks(source: Any, config: LoaderConfig, epoch: int) -> Iterator[Any]:
     from .loader import Loader  # in the read task's process
 
     with Loader(source, config=config) as loader:
