@@ -354,8 +354,9 @@ class Loader:
                          f"{shard.shard_index} of {shard.shard_count}{hint}")
 
     # -- frameworks (imported only when asked for) -------------------------------------
-    def as_keras(self, x: str | Sequence[str] | Mapping[str, str] = "x", y: str | Sequence[str] | Mapping[str, str] | None = "y",
-                 sample_weight: str | None = None, *, steps_per_epoch: int | None = None,
+    def as_keras(self, x: str | Sequence[str] | Mapping[str, str] = "x",
+                 y: str | Sequence[str] | Mapping[str, str] | None = "y", sample_weight: str | None = None, *,
+                 steps_per_epoch: int | None = None,
                  padding: str | None = None) -> KerasDataset:
         """A ``keras.utils.PyDataset`` for fit/evaluate/predict; see ``steadyfeed.keras.KerasDataset``."""
         from .integration.keras_dataset import KerasDataset

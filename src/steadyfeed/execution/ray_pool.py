@@ -65,7 +65,8 @@ START_SECONDS = 60.0  # no actor running for this long: the cluster lacks the CP
 AGENT_SECONDS = 30.0  # longest wait for a node agent's answer (it may still be starting)
 SWEEP_SECONDS = 5.0  # longest wait, at shutdown, for the agents to remove the status slots
 ACTOR_PREFIX = "steadyfeed-"
-ACTOR_OPTIONS: dict[str, Any] = {"num_cpus": 1}  # what each actor asks of the cluster (tests add resources to pin a node)
+# what each actor asks of the cluster (tests add resources to pin a node)
+ACTOR_OPTIONS: dict[str, Any] = {"num_cpus": 1}
 HEAD_PROBE_SECONDS = 2.0  # a head or raylet that does not accept a TCP connection by then is taken as gone
 SHM_DIR = "/dev/shm"  # where POSIX shared memory appears as files on Linux
 SLOT_BYTES = 24  # a StatusSlot: three float64 cells

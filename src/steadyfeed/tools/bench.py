@@ -396,7 +396,8 @@ def gil_limited(measurements: list[Measurement]) -> Diagnosis | None:
     for m in sorted((m for m in ok.values() if m.setting.mode == "thread" and m.setting.workers >= 2),
                     key=lambda m: m.setting.workers, reverse=True):
         stuck = m.samples_per_second < GIL_MIN_SPEEDUP * base.samples_per_second
-        if m.diagnosis is not None and m.diagnosis.kind == "producers" and stuck and m.cpu_cores is not None and m.cpu_cores < GIL_MAX_CORES:
+        if (m.diagnosis is not None and m.diagnosis.kind == "producers" and stuck
+                and m.cpu_cores is not None and m.cpu_cores < GIL_MAX_CORES):
             return Diagnosis("gil", f"GIL: thread workers do not scale beyond {max(base.setting.workers, 1)} "
                                     f"({m.setting.label}: {m.samples_per_second:,.0f} samples/s, {base.setting.label}: "
                                     f"{base.samples_per_second:,.0f}) while CPU < {GIL_MAX_CORES} cores "

@@ -41,7 +41,8 @@ from .optional import require
 
 VARIABLE_KINDS = ("bytes", "str")
 NATIVE_LISTS = {"float32": "float_list", "int64": "int64_list"}  # what tf.io.FixedLenFeature reads
-_LIST_DTYPES: dict[str, np.dtype] = {"float_list": np.dtype("float32"), "int64_list": np.dtype("int64")}  # how TensorFlow stores them
+# how TensorFlow stores them
+_LIST_DTYPES: dict[str, np.dtype] = {"float_list": np.dtype("float32"), "int64_list": np.dtype("int64")}
 
 
 @functools.lru_cache(maxsize=None)
