@@ -46,7 +46,7 @@ def _documented(cls: type) -> type:
     """Append each field's documentation to the class docstring, so ``help()`` shows it."""
     lines = [f"    {f.name} (default {f.default!r}): {f.metadata['doc']}" if f.default is not dataclasses.MISSING
              else f"    {f.name} (required): {f.metadata['doc']}" for f in dataclasses.fields(cls)]
-    cls.__doc__ = f"{cls.__doc__.rstrip()}\n\n    Fields:\n\n" + "\n".join(lines) + "\n"
+    cls.__doc__ = f"{(cls.__doc__ or '').rstrip()}\n\n    Fields:\n\n" + "\n".join(lines) + "\n"
     return cls
 
 
@@ -207,7 +207,7 @@ class ShardOptions:
               f"shard_count={self.shard_count!r}")
 
 
-GROUPS: dict[str, type] = {"read": ReadOptions, "execution": ExecutionOptions, "failure": FailureOptions,
+GROUPS: dict[str, type[Any]] = {"read": ReadOptions, "execution": ExecutionOptions, "failure": FailureOptions,
                            "sharding": ShardOptions}
 # every flat option name -> the group that holds it
 OPTION_GROUPS: dict[str, str] = {f.name: group for group, cls in GROUPS.items() for f in dataclasses.fields(cls)}

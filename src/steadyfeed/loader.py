@@ -8,7 +8,7 @@ import re
 import threading
 import time
 import weakref
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -29,6 +29,12 @@ from .sampling.samplers import ORDER_FORMAT, SequentialSampler, ShuffleSampler, 
 from .stats import LoaderStats
 from .sources.base import check_source, close_source, fingerprint, locate
 from .sources.wrapper import SourceWrapper
+
+if TYPE_CHECKING:  # the frameworks are imported only when asked for
+    import tensorflow as tf
+
+    from .integration.keras_dataset import KerasDataset
+    from .integration.torch_dataset import TorchBatches
 
 STATE_FORMAT = "steadyfeed.loader/2"  # /2: orders are keyed Feistel permutations (sampling/permutation.py)
 _OLD_FORMATS = {"steadyfeed.loader/1": "numpy permutations drawn whole"}
@@ -68,7 +74,7 @@ class Loader:
     def __init__(self, source: Any, batch_size: int | None = None, *, config: LoaderConfig | None = None,
                  read: ReadOptions | None = None, execution: ExecutionOptions | None = None,
                  failure: FailureOptions | None = None, sharding: ShardOptions | None = None,
-                 **options: Any):
+                 **options: Any) -> None:
         check_source(source)
         if batch_size is not None:
             options["batch_size"] = batch_size
@@ -306,9 +312,10 @@ class Loader:
         )
         if failure.traceback:
             message += "\n--- worker traceback ---\n" + failure.traceback.rstrip()
-        cls = _ERROR_CLASSES[failure.cause]
+        cls: type = _ERROR_CLASSES[failure.cause]
         if failure.exception is not None:  # catchable as what the worker raised, too
-            cls = with_original_type(cls, type(failure.exception))
+            # ignore: mypy checks a class against Hashable by its instances' __hash__ (python/mypy#11470)
+            cls = with_original_type(cls, type(failure.exception))  # type: ignore[arg-type]
         error = cls(
             message, sample_id=failure.sample_id, epoch=epoch, batch_index=batch_index,
             attempts=failure.attempts, error_type=failure.error_type, location=where,
@@ -434,8 +441,10 @@ class Loader:
                          f"{shard.shard_index} of {shard.shard_count}{hint}")
 
     # -- frameworks (imported only when asked for) -------------------------------------
-    def as_keras(self, x="x", y="y", sample_weight=None, *, steps_per_epoch: int | None = None,
-                 padding: str | None = None):
+    def as_keras(self, x: str | Sequence[str] | Mapping[str, str] = "x",
+                 y: str | Sequence[str] | Mapping[str, str] | None = "y", sample_weight: str | None = None, *,
+                 steps_per_epoch: int | None = None,
+                 padding: str | None = None) -> KerasDataset:
         """A ``keras.utils.PyDataset`` for fit/evaluate/predict (the ``keras`` extra): one Keras
         epoch is one loader epoch, every sample once, in the loader's order and with its workers.
         ``x`` / ``y`` name a key, a tuple of keys or ``{input name: key}``; see
@@ -444,7 +453,8 @@ class Loader:
         return KerasDataset(self, x=x, y=y, sample_weight=sample_weight, steps_per_epoch=steps_per_epoch,
                             padding=padding)
 
-    def as_tf_dataset(self, x=None, y=None):
+    def as_tf_dataset(self, x: str | Sequence[str] | Mapping[str, str] | None = None,
+                      y: str | Sequence[str] | Mapping[str, str] | None = None) -> tf.data.Dataset:
         """A ``tf.data.Dataset`` over ``iter(self)`` (the ``tf`` extra): each iteration is the
         loader's batches from its cursor to the end of that epoch, each once, in its order;
         ``element_spec`` is exact (padded dimensions ``None``); never re-sharded by
@@ -452,7 +462,7 @@ class Loader:
         from .integration.tf_dataset import to_tf_dataset
         return to_tf_dataset(self, x=x, y=y)
 
-    def as_torch(self):
+    def as_torch(self) -> TorchBatches:
         """A ``torch.utils.data.IterableDataset`` of dicts of tensors (``torch.from_numpy``, no
         copy); ``iter(ds)`` is ``iter(loader)``. Use it directly or as ``DataLoader(ds,
         batch_size=None, num_workers=0)``: steadyfeed's workers are the workers."""

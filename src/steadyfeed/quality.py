@@ -139,7 +139,7 @@ class Checked(SourceWrapper):
     def __init__(self, source: Any, checks: Iterable[str] | str = ("finite", "not_constant"), *,
                  keys: Iterable[str] | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
                  thresholds: Mapping[str, float] | None = None, calibrate: int = 1000,
-                 value_range: float | None = None):
+                 value_range: float | None = None) -> None:
         super().__init__(source)
         self.checks = check_names(checks)
         self.keys = None if keys is None else tuple(keys)
@@ -149,7 +149,7 @@ class Checked(SourceWrapper):
         self.thresholds = image_quality.calibrate(source, wanted, self.keys, samples=calibrate, given=thresholds,
                                                   value_range=value_range) if wanted else {}
 
-    def wrap_sample(self, i: int, sample):
+    def wrap_sample(self, i: int, sample: Mapping[str, Any]) -> Mapping[str, Any]:
         problems = sample_problems(i, sample, self.checks, self.keys)
         if self.thresholds:
             problems += image_problems(i, sample, self.thresholds, self.keys, self.value_range)
@@ -171,7 +171,7 @@ class Outliers:
     """The most common value of a property (a shape, an image mode), how many items have it,
     and the items that do not."""
 
-    common: Hashable
+    common: Any  # hashable: a shape, an image mode, ...
     common_count: int
     items: list
 

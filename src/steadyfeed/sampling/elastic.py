@@ -22,6 +22,7 @@ shard count accepts (``Loader.load_state_dict``).
 from __future__ import annotations
 
 import copy
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -41,8 +42,8 @@ class Remainder:
         self.shard_count = count
         high = max(self.delivered)
         starts = [r + count * d for r, d in enumerate(self.delivered)]
-        band = [np.arange(start, count * high, count, dtype=np.int64) for start in starts]
-        band = np.sort(np.concatenate(band)) if band else np.zeros(0, np.int64)
+        bands = [np.arange(start, count * high, count, dtype=np.int64) for start in starts]
+        band = np.sort(np.concatenate(bands)) if bands else np.zeros(0, np.int64)
         self.band = band[band < self.parent_length]  # the ragged part, listed
         self.tail_start = count * high  # every position from here on remains
         self.length = len(self.band) + max(0, self.parent_length - self.tail_start)
@@ -83,7 +84,7 @@ class _Nested:
         return self.outer.take(self.inner.take(positions))
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     raise ValueError(f"cannot merge these loader states: {message}")
 
 
@@ -108,7 +109,7 @@ def merge_states(states: list[dict]) -> dict:
         _fail("they were saved by loaders with different data or plans (their fingerprints differ)")
     if any(s.get("excluded") != first.get("excluded") for s in states):
         _fail("their loaders excluded different ids (every shard must exclude the same: loader.exclude on each)")
-    shards = [s.get("shard") for s in states]
+    shards: list[Any] = [s.get("shard") for s in states]  # None: refused next
     if any(s is None for s in shards):
         _fail("a state is itself a merge; merge the states its loaders saved")
     count = shards[0]["count"]

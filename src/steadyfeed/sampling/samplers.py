@@ -183,7 +183,8 @@ class WeightedSampler(_LazySampler):
     Keeps O(N) floats (the weights' cumulative sums); each draw is computed on its own.
     """
 
-    def __init__(self, weights: Sequence[float], num_samples: int | None = None, replacement: bool = True):
+    def __init__(self, weights: Sequence[float] | np.ndarray, num_samples: int | None = None,
+                 replacement: bool = True) -> None:
         w = np.asarray(weights, dtype=np.float64)
         if w.ndim != 1 or len(w) == 0:
             raise ValueError("weights must be a non-empty 1-D sequence")
@@ -202,7 +203,7 @@ class WeightedSampler(_LazySampler):
         self._cdf = cdf
 
     @classmethod
-    def balanced(cls, labels: Sequence, num_samples: int | None = None) -> "WeightedSampler":
+    def balanced(cls, labels: Sequence | np.ndarray, num_samples: int | None = None) -> "WeightedSampler":
         """Every class is drawn equally often in expectation (weight 1 / class count)."""
         labels = np.asarray(labels)
         _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)

@@ -233,6 +233,7 @@ def scan_source(loader: Loader, label_keys: Sequence[str], checks: Sequence[str]
     ``bar`` (a progress bar) advances by one per sample."""
     n = len(loader.source)
     scan = SourceScan(n, read=np.zeros(n, bool), digests=np.zeros(n, "S16") if with_digests else None)
+    assert scan.read is not None  # made just above
     scored = quality.image_checks(checks)
     parts = ([image_quality.ScoreTransform(scored)] if scored else []) + \
         ([near_duplicates.HashTransform()] if with_hashes else [])
@@ -249,6 +250,7 @@ def scan_source(loader: Loader, label_keys: Sequence[str], checks: Sequence[str]
             for i, row in batch_rows(batch):
                 scan.problems += quality.sample_problems(i, row, checks)
                 if with_digests:
+                    assert scan.digests is not None  # made above
                     scan.digests[i] = content_digest(row, label_keys)
                 if visit is not None:
                     visit(i, row)
@@ -302,6 +304,7 @@ class _Observer:
         ids = batch["id"][real]
         rec.ids.append(ids)
         known = (ids >= 0) & (ids < self.scan.size)
+        assert self.scan.read is not None  # every scan records what it read
         known[known] &= self.scan.read[ids[known]]
         for key in self.label_keys:
             self._pairing(rec, key, batch[key][real][known] if key in batch else None, ids[known])
@@ -325,6 +328,7 @@ class _Observer:
             rec.mispaired.setdefault(i, key)
 
     def _user_check(self, rec: EpochRecord, batch: dict, real: np.ndarray, ids: np.ndarray) -> None:
+        assert self.check is not None  # called when there is a check
         try:
             verdict = np.asarray(self.check(batch))
             if verdict.shape == ():
@@ -527,8 +531,8 @@ def _delivery(rec: EpochRecord, loader: Loader, setting: str) -> CheckResult:
     expected = expected_count(n - len(excluded), read.batch_size, loader.config.sharding.shard_count, read.last_batch)
     dropping = read.last_batch == "drop"
     duplicated = np.flatnonzero(counts > 1)
-    missing = ([] if dropping or rec.error else
-               np.setdiff1d(np.flatnonzero(counts == 0), np.union1d(rec.skipped, excluded)))
+    missing: Sequence[int] | np.ndarray = ([] if dropping or rec.error else
+                                           np.setdiff1d(np.flatnonzero(counts == 0), np.union1d(rec.skipped, excluded)))
     details.update(expected=expected, duplicated=_idlist(duplicated), missing=_idlist(missing))
     problems = _problems(
         missing=missing, duplicated=duplicated, excluded_but_delivered=excluded_delivered,
@@ -619,7 +623,7 @@ def _epoch_drift(records: list[EpochRecord], threshold: float) -> CheckResult:
         return CheckResult("label_drift_epochs", SKIP, why)
     records = done
     distances = {r.epoch: quality.total_variation(records[0].labels, r.labels) for r in records[1:]}
-    worst = max(distances, key=distances.get)
+    worst = max(distances, key=lambda epoch: distances[epoch])
     status = FAIL if distances[worst] > threshold else PASS
     return CheckResult("label_drift_epochs", status, f"largest total variation from epoch {records[0].epoch}: "
                        f"{distances[worst]:.3f} "
@@ -632,6 +636,7 @@ def _split_drift(scan: SourceScan, other: SourceScan, label_keys: Sequence[str],
     if key is None:
         return CheckResult("label_drift_splits", SKIP, "needs categorical labels on both sides")
     mine, theirs = scan.classes(key), other.classes(key)
+    assert mine is not None and theirs is not None  # the key was chosen for having both
     distance = quality.total_variation(mine, theirs)
     return CheckResult("label_drift_splits", FAIL if distance > threshold else PASS,
                        f"total variation between the {key!r} histograms: {distance:.3f}, threshold {threshold}",
@@ -641,6 +646,8 @@ def _split_drift(scan: SourceScan, other: SourceScan, label_keys: Sequence[str],
 
 
 def _contamination(scan: SourceScan, other: SourceScan) -> CheckResult:
+    assert scan.read is not None and scan.digests is not None  # scanned with digests, as is other
+    assert other.read is not None and other.digests is not None
     mine, theirs = scan.digests[scan.read], other.digests[other.read]
     shared = np.intersect1d(mine, theirs)
     ids = np.flatnonzero(scan.read & np.isin(scan.digests, shared))

@@ -99,6 +99,7 @@ def run(args) -> int:
     if report is None and loader is None:
         report = _files_report(args, checks)
     elif report is None:
+        assert loader is not None  # no report yet: the loader was made
         with loader:
             report = inspect_loader(loader, label_keys=args.label_keys or ("y",), checks=checks,
                                     target=describe(args), progress=args.progress,

@@ -133,7 +133,7 @@ def probe_hdf5(path: str, name: str, info: FileInfo, collate: str) -> None:
 
 
 def _dataset_row(h5py, key: str, ds) -> dict:
-    row = {"dataset": key, "shape": shape_text(ds.shape), "dtype": str(ds.dtype), "note": ""}
+    row: dict[str, Any] = {"dataset": key, "shape": shape_text(ds.shape), "dtype": str(ds.dtype), "note": ""}
     string = h5py.check_string_dtype(ds.dtype)
     if string is not None and string.length is None:  # variable-length: as bytes, as Hdf5Source reads them
         lo, hi = _vlen_lengths(ds)
@@ -195,6 +195,7 @@ def probe_csv(path: str, name: str, info: FileInfo) -> None:
     with tempfile.TemporaryDirectory() as scratch:  # the row index: not beside the data
         source = CsvSource(path, cache_dir=scratch, _=0)
         info.format = "csv"
+        assert source.columns is not None  # read with a header
         columns, refused = [_Column(c) for c in source.columns], []
         for start in range(0, len(source), CSV_ROWS_PER_READ):
             ids = range(start, min(start + CSV_ROWS_PER_READ, len(source)))

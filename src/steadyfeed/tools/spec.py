@@ -274,7 +274,9 @@ def _hdf5(path: str, args) -> Any:
     keys = _named(args.key, "--key")
     if not keys:
         raise SpecError("--hdf5 needs the datasets to read, e.g. --key x=/images --key y=/labels")
-    return Hdf5Source(path, **keys)
+    if "swmr" in keys:  # it would have turned SWMR mode on instead of naming a dataset
+        raise SpecError("--key swmr=... names an Hdf5Source option, not a key; use another key name")
+    return Hdf5Source(path, swmr=False, **keys)
 
 
 def _images(root: str, args) -> Any:
@@ -287,7 +289,7 @@ def _csv(path: str, args) -> Any:
     if not args.x:
         raise SpecError("--csv needs the input columns, e.g. --x a,b,c (and --y label)")
     columns = [int(c) if c.isdigit() else c for c in args.x.split(",")]
-    keys = {"x": columns} | ({"y": int(args.y) if args.y.isdigit() else args.y} if args.y else {})
+    keys: dict[str, Any] = {"x": columns} | ({"y": int(args.y) if args.y.isdigit() else args.y} if args.y else {})
     delimiter = "\t" if args.delimiter in ("\\t", "tab") else args.delimiter
     return CsvSource(path, dtypes=_named(args.dtype, "--dtype"), delimiter=delimiter, **keys)
 
