@@ -207,6 +207,16 @@ class KerasDataset(keras.utils.PyDataset):
         (for a callback that counts trained steps, e.g. ``LoaderCheckpoint``)."""
         return self.feed.trained(count)
 
+    def follow(self):
+        """A queue of ``(position, batch)`` for every batch Keras takes from now on, oldest first
+        (all the loader's keys, pad rows and ``"mask"`` included; see ``KerasFeed.follow``), for a
+        callback that needs the trained batches themselves (``LabelNoiseMonitor``): it pops one
+        entry per trained step. ``unfollow`` it when done."""
+        return self.feed.follow()
+
+    def unfollow(self, follower) -> None:
+        self.feed.unfollow(follower)
+
     def close(self) -> None:
         """Stop the loader's epoch in progress and release this view of the loader."""
         self.feed.close()

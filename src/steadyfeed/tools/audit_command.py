@@ -13,7 +13,10 @@ import contextlib
 import json
 
 from .. import quality
+from ..diagnostics import findings as findings_io
+from ..diagnostics.report import write as write_report
 from .audit import audit, parse_settings
+from .report_command import add_report_arguments, report_options
 from .spec import (
     SpecError, add_spec_arguments, describe, loader_from_args, loader_from_spec, resolve_callable, usage_error,
 )
@@ -40,6 +43,9 @@ def add_arguments(parser) -> None:
     audit_options.add_argument("--drift-threshold", type=float, default=quality.DRIFT_THRESHOLD, metavar="T",
                                help="largest total variation between label histograms (default %(default)s)")
     audit_options.add_argument("--json", action="store_true", help="print the report as JSON")
+    audit_options.add_argument("--findings", metavar="FILE.json",
+                               help="write the findings (quarantine, quality, ...) as JSON for steadyfeed report")
+    add_report_arguments(parser)
     audit_options.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 
@@ -61,5 +67,18 @@ def run(args) -> int:
         report = audit(loader, epochs=args.epochs, settings=settings, check=check, against=against,
                        label_keys=args.label_keys or ("y",), checks=checks, drift_threshold=args.drift_threshold,
                        target=describe(args), progress=args.progress)
+        _write_findings(args, report, loader, against)  # while the sources are open, for thumbnails
     print(json.dumps(report.as_dict(), indent=1) if args.json else report.table())
     return 0 if report.passed else 1
+
+
+def _write_findings(args, report, loader, against) -> None:
+    if not (args.findings or args.report):
+        return
+    found = findings_io.from_audit(report)
+    if args.findings:
+        findings_io.save(args.findings, found)
+    if args.report:
+        sources = {"train": loader.source, **({"against": against.source} if against is not None else {})}
+        write_report(args.report, found, sources=sources,
+                     options=report_options(args, f"steadyfeed audit {report.target}"))

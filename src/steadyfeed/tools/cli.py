@@ -19,6 +19,7 @@ COMMANDS = {
     "bench": "bench_command",
     "audit": "audit_command",
     "inspect": "inspect_command",
+    "report": "report_command",
 }
 
 HELPS = {
@@ -27,6 +28,7 @@ HELPS = {
     "bench": "measure a loader over workers x mode, name the bottleneck, recommend a setting",
     "audit": "check a loader: exactly once, paired, reproducible, no split leaks (exit 1 on failure)",
     "inspect": "explore data before training: counts, sizes, shapes, modes, labels, unreadable files",
+    "report": "one HTML page of findings: suspected mislabels, image quality, duplicates, quarantine",
 }
 
 

@@ -1,0 +1,117 @@
+"""``LabelNoiseMonitor``: label-noise signals recorded during an ordinary ``model.fit``.
+
+    train = sf.Loader(source, 64, shuffle=True, with_ids=True, workers=2)
+    monitor = LabelNoiseMonitor(train)
+    model.fit(train.as_keras(), epochs=10, callbacks=[monitor])
+    findings = monitor.findings()          # {"suspects": [...], "noise_rate": {...}, ...}
+
+What it does, per trained step: it takes the batch Keras just trained on from the dataset's own
+queue of taken batches (``KerasDataset.follow``: the same arrays, in the order Keras took them,
+so the ids are exactly those of the trained rows, also under ``tf.data`` prefetch and
+``steps_per_execution``), runs the model on the batch's inputs once more
+(``model.predict_on_batch``: inference mode, no dropout, no state or random draw of training),
+and hands ids, outputs and given labels to a
+:class:`~steadyfeed.diagnostics.label_noise.LabelNoiseRecorder`. Pad rows are left out.
+
+**What it does not change**: the batches, their order and their contents (it only reads the
+arrays Keras was given; the loader's plan is a function of seed and epoch alone), and the
+training itself: the weights after ``fit`` are bit-identical with and without it
+(``tests/test_keras_label_noise.py``, on every backend).
+
+**Cost**: one inference forward pass per trained batch, after the step (so the outputs are
+those of the weights just updated on that batch: the margin of a sample is measured one step
+after it was trained on; over epochs the AUM ranking is what the paper's is). A forward pass is
+about a third of a training step (no backward pass, no optimizer update), plus Keras's per-call
+overhead of ``predict_on_batch``; ``seconds`` holds the time the callback took, measured.
+``docs/benchmarks.md`` (``bench_quality.py``) gives the measured share of a fit's time.
+
+Wrapping ``train_step`` to take the outputs of the training forward pass itself would cost
+nothing extra, but needs a different, backend-specific override of Keras's step on each
+backend; the extra forward pass works with any model and any backend through public calls.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import keras
+import numpy as np
+
+from ..diagnostics.label_noise import LabelNoiseRecorder, NoiseOptions
+from .callbacks import _LoaderCallback
+
+
+class LabelNoiseMonitor(_LoaderCallback):
+    """Records per-sample margins and losses of the training samples (see the module docstring).
+
+    ``data``: the training Loader (built with ``with_ids=True``) or its KerasDataset.
+    ``label``: the batch key of the given labels (default: the dataset's ``y``, when one key).
+    ``output``: which model output is the classifier's, for a model of several (index or name).
+    ``kind``: what the model outputs: ``"logits"``, ``"probabilities"`` or ``"auto"``.
+    ``recorder``: a :class:`LabelNoiseRecorder` to add to (e.g. one kept across fits).
+    """
+
+    def __init__(self, data: Any, *, label: str | None = None, output: int | str | None = None,
+                 kind: str = "auto", recorder: LabelNoiseRecorder | None = None):
+        super().__init__(data)
+        if not self.loader.config.read.with_ids:
+            raise ValueError("LabelNoiseMonitor follows samples by their ids: build the training Loader with "
+                             "with_ids=True (the ids are not given to the model)")
+        self.label = label
+        self.output = output
+        self.recorder = recorder if recorder is not None else LabelNoiseRecorder(kind)
+        self.seconds = 0.0  # spent in this callback: the forward passes and the recording
+        self._queue = None
+        self._trained_steps = 0
+
+    def on_train_begin(self, logs=None):
+        dataset = self._dataset()
+        self._layout = dataset.layout
+        self._label = self.label or self._layout.y
+        if not isinstance(self._label, str):
+            raise ValueError(f"the dataset's y is {self._layout.y!r}: name the batch key of the labels, "
+                             "LabelNoiseMonitor(loader, label='...')")
+        self._queue = dataset.follow()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        self._trained_steps = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        t0 = time.perf_counter()
+        steps, self._trained_steps = batch + 1 - self._trained_steps, batch + 1  # steps_per_execution
+        for _ in range(steps):
+            if self._queue:
+                self._record(self._queue.popleft()[1])
+        self.seconds += time.perf_counter() - t0
+
+    def on_train_end(self, logs=None):
+        dataset = self._dataset()
+        if self._queue is not None:
+            dataset.unfollow(self._queue)
+            self._queue = None
+
+    def findings(self, options: NoiseOptions = NoiseOptions()) -> dict:
+        """The ``label_noise`` findings of what was recorded (``LabelNoiseRecorder.findings``)."""
+        return self.recorder.findings(options)
+
+    def _record(self, batch: dict) -> None:
+        mask = batch.get("mask")
+        if mask is not None:  # pad rows are no samples
+            real = mask != 0
+            batch = {key: value[real] for key, value in batch.items() if key != "mask"}
+        if not len(batch["id"]):
+            return
+        outputs = self.model.predict_on_batch(self._layout.to_keras(batch)[0])
+        self.recorder.record(batch["id"], self._pick(outputs), batch[self._label])
+
+    def _pick(self, outputs: Any) -> np.ndarray:
+        if isinstance(outputs, dict):
+            if self.output is None:
+                raise ValueError(f"the model has outputs {sorted(outputs)}: say which, LabelNoiseMonitor(..., output=)")
+            outputs = outputs[self.output]
+        elif isinstance(outputs, (list, tuple)):
+            if self.output is None and len(outputs) > 1:
+                raise ValueError(f"the model has {len(outputs)} outputs: say which, LabelNoiseMonitor(..., output=)")
+            outputs = outputs[self.output or 0]
+        return np.asarray(keras.ops.convert_to_numpy(outputs))
