@@ -37,8 +37,14 @@ def test_the_monitor_changes_neither_the_batches_nor_their_order_nor_the_weights
 @pytest.mark.timeout(TEST_TIMEOUT)
 def test_every_trained_sample_is_recorded_once_per_epoch_and_pad_rows_never(report):
     assert report["found"]["records"] == [EPOCHS] and report["found"]["ids"] == N
-    assert report["found"]["batches"] == EPOCHS * -(-N // 32)
-    assert report["padded"] == {"records": [EPOCHS], "ids": N}
+    batches = -(-N // 32)  # 16 a loader epoch, the last one of 10 rows (+ 22 pad rows under "pad")
+    assert report["found"]["batches"] == EPOCHS * -(-batches // 8)  # every=8: one forward pass per 8 batches
+    assert report["padded"] == {"records": [EPOCHS], "ids": N, "batches": EPOCHS * batches, "same_order": True}
+
+
+@pytest.mark.timeout(TEST_TIMEOUT)
+def test_a_loader_without_ids_is_refused_with_the_fix(report):
+    assert "with_ids=True" in report["refused"]
 
 
 @pytest.mark.timeout(TEST_TIMEOUT)

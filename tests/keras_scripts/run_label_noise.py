@@ -51,7 +51,7 @@ def main() -> None:
             self.handed.setdefault(str(epoch), []).append(batch["id"].tolist())
 
     def loader(**kw):
-        return sf.Loader(sf.ArraySource(x=x, y=y), BATCH, shuffle=True, seed=3, with_ids=True, workers=2, **kw)
+        return sf.Loader(sf.ArraySource(x=x, y=y), BATCH, shuffle=True, seed=3, workers=2, **{"with_ids": True, **kw})
 
     def model():
         keras.utils.set_random_seed(0)
@@ -66,10 +66,10 @@ def main() -> None:
             h.update(np.ascontiguousarray(w).tobytes())
         return h.hexdigest()
 
-    def fit(monitored: bool, **loader_kw):
+    def fit(monitored: bool, every: int = 8, **loader_kw):
         with loader(**loader_kw) as train:
             dataset = Recording(train)
-            callbacks = [LabelNoiseMonitor(train)] if monitored else []
+            callbacks = [LabelNoiseMonitor(train, every=every)] if monitored else []
             m = model()
             t0 = time.perf_counter()
             m.fit(dataset, epochs=EPOCHS, verbose=0, callbacks=callbacks)
@@ -96,9 +96,16 @@ def main() -> None:
                            "ids": len(signals["id"]), "batches": monitor.recorder.batches}
         report["cost"] = {"fit_without_s": plain_s, "fit_with_s": watched_s, "monitor_s": monitor.seconds}
         # a padded last batch: pad rows are not samples, and are not recorded
-        _, _, _, padded = fit(True, last_batch="pad")
+        _, padded_ids, _, padded = fit(True, every=1, last_batch="pad")
         report["padded"] = {"records": sorted(set(padded.recorder.signals()["records"].tolist())),
-                            "ids": len(padded.recorder.signals()["id"])}
+                            "ids": len(padded.recorder.signals()["id"]), "batches": padded.recorder.batches,
+                            "same_order": padded_ids == planned(last_batch="pad")}
+        try:
+            with loader(with_ids=False) as no_ids:
+                LabelNoiseMonitor(no_ids)
+            report["refused"] = None
+        except ValueError as exc:
+            report["refused"] = str(exc)
     except Exception:
         report["error"] = traceback.format_exc()
     print("REPORT " + json.dumps(report), flush=True)

@@ -9,8 +9,8 @@ What it does, per trained step: it takes the batch Keras just trained on from th
 queue of taken batches (``KerasDataset.follow``: the same arrays, in the order Keras took them,
 so the ids are exactly those of the trained rows, also under ``tf.data`` prefetch and
 ``steps_per_execution``), runs the model on the batch's inputs once more
-(``model.predict_on_batch``: inference mode, no dropout, no state or random draw of training),
-and hands ids, outputs and given labels to a
+(``model.predict_on_batch``: inference mode, no dropout, no state or random draw of training;
+``every`` trained batches at a time, in one call), and hands ids, outputs and given labels to a
 :class:`~steadyfeed.diagnostics.label_noise.LabelNoiseRecorder`. Pad rows are left out.
 
 **What it does not change**: the batches, their order and their contents (it only reads the
@@ -18,11 +18,12 @@ arrays Keras was given; the loader's plan is a function of seed and epoch alone)
 training itself: the weights after ``fit`` are bit-identical with and without it
 (``tests/test_keras_label_noise.py``, on every backend).
 
-**Cost**: one inference forward pass per trained batch, after the step (so the outputs are
-those of the weights just updated on that batch: the margin of a sample is measured one step
-after it was trained on; over epochs the AUM ranking is what the paper's is). A forward pass is
-about a third of a training step (no backward pass, no optimizer update), plus Keras's per-call
-overhead of ``predict_on_batch``; ``seconds`` holds the time the callback took, measured.
+**Cost**: one inference forward pass over every trained row, after its step (so the outputs are
+those of weights updated on that row's batch: a sample's margin is measured 1 to ``every``
+steps after it was trained on, where the paper takes the training pass's own; over epochs the
+ranking is the same idea). A forward pass is about a third of a training step (no backward
+pass, no optimizer update), plus Keras's fixed cost per ``predict_on_batch`` call, paid once per
+``every`` batches; ``seconds`` holds the time the callback took, measured.
 ``docs/benchmarks.md`` (``bench_quality.py``) gives the measured share of a fit's time.
 
 Wrapping ``train_step`` to take the outputs of the training forward pass itself would cost
@@ -40,6 +41,8 @@ import numpy as np
 from ..diagnostics.label_noise import LabelNoiseRecorder, NoiseOptions
 from .callbacks import _LoaderCallback
 
+DEFAULT_EVERY = 8
+
 
 class LabelNoiseMonitor(_LoaderCallback):
     """Records per-sample margins and losses of the training samples (see the module docstring).
@@ -49,11 +52,19 @@ class LabelNoiseMonitor(_LoaderCallback):
     ``output``: which model output is the classifier's, for a model of several (index or name).
     ``kind``: what the model outputs: ``"logits"``, ``"probabilities"`` or ``"auto"``.
     ``recorder``: a :class:`LabelNoiseRecorder` to add to (e.g. one kept across fits).
+    ``every``: trained batches per forward pass (their rows in one ``predict_on_batch``; also at
+    each epoch's end). Keras's fixed cost per call is then paid once per ``every`` batches; a
+    sample's outputs come from the weights at most ``every`` steps after it was trained on.
+    Holds up to ``every`` batches (references to the arrays Keras was given) until then.
     """
 
     def __init__(self, data: Any, *, label: str | None = None, output: int | str | None = None,
-                 kind: str = "auto", recorder: LabelNoiseRecorder | None = None):
+                 kind: str = "auto", recorder: LabelNoiseRecorder | None = None, every: int = DEFAULT_EVERY):
         super().__init__(data)
+        if not (isinstance(every, int) and every >= 1):
+            raise ValueError(f"every must be an int >= 1, got {every!r}")
+        self.every = every
+        self._pending: list[dict] = []
         if not self.loader.config.read.with_ids:
             raise ValueError("LabelNoiseMonitor follows samples by their ids: build the training Loader with "
                              "with_ids=True (the ids are not given to the model)")
@@ -82,10 +93,18 @@ class LabelNoiseMonitor(_LoaderCallback):
         steps, self._trained_steps = batch + 1 - self._trained_steps, batch + 1  # steps_per_execution
         for _ in range(steps):
             if self._queue:
-                self._record(self._queue.popleft()[1])
+                self._pending.append(_real_rows(self._queue.popleft()[1]))
+        if len(self._pending) >= self.every:
+            self._flush()
+        self.seconds += time.perf_counter() - t0
+
+    def on_epoch_end(self, epoch, logs=None):
+        t0 = time.perf_counter()
+        self._flush()
         self.seconds += time.perf_counter() - t0
 
     def on_train_end(self, logs=None):
+        self._flush()  # a fit stopped mid-epoch (stop_training, steps)
         dataset = self._dataset()
         if self._queue is not None:
             dataset.unfollow(self._queue)
@@ -95,13 +114,12 @@ class LabelNoiseMonitor(_LoaderCallback):
         """The ``label_noise`` findings of what was recorded (``LabelNoiseRecorder.findings``)."""
         return self.recorder.findings(options)
 
+    def _flush(self) -> None:
+        pending, self._pending = [b for b in self._pending if len(b["id"])], []
+        for batch in _joined(pending):
+            self._record(batch)
+
     def _record(self, batch: dict) -> None:
-        mask = batch.get("mask")
-        if mask is not None:  # pad rows are no samples
-            real = mask != 0
-            batch = {key: value[real] for key, value in batch.items() if key != "mask"}
-        if not len(batch["id"]):
-            return
         outputs = self.model.predict_on_batch(self._layout.to_keras(batch)[0])
         self.recorder.record(batch["id"], self._pick(outputs), batch[self._label])
 
@@ -115,3 +133,23 @@ class LabelNoiseMonitor(_LoaderCallback):
                 raise ValueError(f"the model has {len(outputs)} outputs: say which, LabelNoiseMonitor(..., output=)")
             outputs = outputs[self.output or 0]
         return np.asarray(keras.ops.convert_to_numpy(outputs))
+
+
+def _real_rows(batch: dict) -> dict:
+    """The batch without its pad rows (they are no samples) and without the mask."""
+    mask = batch.get("mask")
+    if mask is None:
+        return batch
+    real = mask != 0
+    return {key: value[real] for key, value in batch.items() if key != "mask"}
+
+
+def _joined(batches: list[dict]) -> list[dict]:
+    """The batches as one (rows concatenated), or as they are when their layouts differ
+    (``collate="pad"`` batches of different widths)."""
+    if len(batches) < 2:
+        return batches
+    first = batches[0]
+    same = all(b.keys() == first.keys() and all(b[k].shape[1:] == first[k].shape[1:] and b[k].dtype == first[k].dtype
+                                                 for k in first) for b in batches)
+    return [{k: np.concatenate([b[k] for b in batches]) for k in first}] if same else batches
