@@ -15,10 +15,14 @@ at random (seeded) to one of the 9 other classes. The model, the same for both: 
   trainings, their predictions and cleanlab's analysis.
 
 Reported per noise level: precision, recall and F1 of the suspects against the flipped set, the
-estimated noise rate, wall time and number of trainings. Targets: steadyfeed's F1 >= cleanlab's at
-both levels, at <= 1/3 of cleanlab's wall time, noise-rate estimate within 3 points of the truth.
+estimated noise rate, wall time, CPU time (of this process, all its threads) and number of
+trainings. Targets: steadyfeed's F1 >= cleanlab's at both levels, at <= 1/3 of cleanlab's compute,
+judged on CPU time (wall time on a shared machine moves with other processes' load; both are
+printed), noise-rate estimate within 3 points of the truth.
 
-Run:  .venv/bin/python benchmarks/bench_quality.py [--epochs 30] [--backend jax] [--seed 0]
+``--cost`` also times the same fit without the monitor and with ``every=1, 8, 32``.
+
+Run:  .venv/bin/python benchmarks/bench_quality.py [--epochs 30] [--backend jax] [--seed 0] [--cost]
 Needs the ``bench`` extra (scikit-learn, cleanlab) and a Keras backend.
 """
 from __future__ import annotations
@@ -66,16 +70,46 @@ def run_steadyfeed(keras, x, y, epochs: int, seed: int, every: int) -> dict:
     import steadyfeed as sf
     from steadyfeed.keras import LabelNoiseMonitor
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with sf.Loader(sf.ArraySource(x=x, y=y), BATCH, shuffle=True, seed=seed, with_ids=True) as train:
         monitor = LabelNoiseMonitor(train, every=every)
         model = make_model(keras, seed)
         model.fit(train.as_keras(), epochs=epochs, verbose=0, callbacks=[monitor])
         found = monitor.findings()
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     suspects = {s["id"] for s in found["suspects"]}
-    return {"suspects": suspects, "rate": found["noise_rate"], "seconds": seconds, "trainings": 1,
+    return {"suspects": suspects, "rate": found["noise_rate"], "seconds": seconds, "cpu": cpu, "trainings": 1,
             "monitor_seconds": monitor.seconds}
+
+
+def fit_seconds(keras, x, y, epochs: int, seed: int, every: int | None) -> tuple[float, float]:
+    """(wall seconds of one fit, seconds inside the monitor), with LabelNoiseMonitor(every=) or none."""
+    import steadyfeed as sf
+    from steadyfeed.keras import LabelNoiseMonitor
+
+    with sf.Loader(sf.ArraySource(x=x, y=y), BATCH, shuffle=True, seed=seed, with_ids=True) as train:
+        callbacks = [] if every is None else [LabelNoiseMonitor(train, every=every)]
+        model = make_model(keras, seed)
+        t0 = time.perf_counter()
+        model.fit(train.as_keras(), epochs=epochs, verbose=0, callbacks=callbacks)
+        return time.perf_counter() - t0, callbacks[0].seconds if callbacks else 0.0
+
+
+def cost_table(keras, epochs: int, seed: int) -> str:
+    """The monitor's cost: the same fit without it, and with every=1, 8, 32 (interleaved, best of 2)."""
+    x, y, _ = digits(0.1, seed)
+    settings = [None, 1, 8, 32]
+    best = {every: (float("inf"), 0.0) for every in settings}
+    for _ in range(2):
+        for every in settings:
+            best[every] = min(best[every], fit_seconds(keras, x, y, epochs, seed, every))
+    base = best[None][0]
+    lines = ["| LabelNoiseMonitor | fit wall s | inside the monitor s | fit overhead |", "|---|---|---|---|"]
+    for every in settings:
+        wall, inside = best[every]
+        what = "none" if every is None else f"every={every}"
+        lines.append(f"| {what} | {wall:.1f} | {inside:.1f} | {100 * (wall - base) / base:+.0f}% |")
+    return "\n".join(lines)
 
 
 def run_cleanlab(keras, x, y, epochs: int, seed: int) -> dict:
@@ -83,7 +117,7 @@ def run_cleanlab(keras, x, y, epochs: int, seed: int) -> dict:
     from cleanlab.filter import find_label_issues
     from sklearn.model_selection import StratifiedKFold
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     pred_probs = np.zeros((len(x), CLASSES))
     for fold, (fit_ids, held_out) in enumerate(StratifiedKFold(FOLDS, shuffle=True, random_state=seed).split(x, y)):
         model = make_model(keras, seed + fold)
@@ -92,9 +126,9 @@ def run_cleanlab(keras, x, y, epochs: int, seed: int) -> dict:
         pred_probs[held_out] = keras.ops.convert_to_numpy(keras.ops.softmax(logits))
     issues = find_label_issues(labels=y, pred_probs=pred_probs, n_jobs=1)  # no fork of a framework's threads
     rate = num_label_issues(labels=y, pred_probs=pred_probs) / len(y)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {"suspects": set(np.flatnonzero(issues).tolist()), "rate": {"estimate": rate}, "seconds": seconds,
-            "trainings": FOLDS}
+            "cpu": cpu, "trainings": FOLDS}
 
 
 def warm_up(keras) -> None:
@@ -111,6 +145,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--every", type=int, default=8, help="LabelNoiseMonitor(every=): batches per forward pass")
     parser.add_argument("--backend", default=os.environ.get("KERAS_BACKEND", "jax"))
+    parser.add_argument("--cost", action="store_true", help="also measure the monitor's cost (8 more fits at 10%%)")
     args = parser.parse_args()
     os.environ["KERAS_BACKEND"] = args.backend
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -132,13 +167,14 @@ def main() -> int:
             interval = f" ({100 * est['low']:.1f}-{100 * est['high']:.1f})" if "low" in est else ""
             rows.append(f"| {100 * rate:.0f}% | {name} | {s['precision']:.3f} | {s['recall']:.3f} | {s['f1']:.3f} | "
                         f"{s['suspects']} | {100 * est['estimate']:.1f}%{interval} | {r['seconds']:.1f} | "
-                        f"{r['trainings']} |")
+                        f"{r['cpu']:.1f} | {r['trainings']} |")
             r["scores"] = s
-        ratio = ours["seconds"] / theirs["seconds"]
+        ratio = ours["cpu"] / theirs["cpu"]
         met += [("F1 >= cleanlab's", rate, ours["scores"]["f1"] >= theirs["scores"]["f1"],
                  f"{ours['scores']['f1']:.3f} vs {theirs['scores']['f1']:.3f}"),
-                ("compute <= 1/3 of cleanlab's", rate, ratio <= 1 / 3,
-                 f"{ratio:.2f} (monitor: {ours['monitor_seconds']:.1f} s of {ours['seconds']:.1f} s)"),
+                ("compute (CPU seconds) <= 1/3 of cleanlab's", rate, ratio <= 1 / 3,
+                 f"{ratio:.2f} (wall: {ours['seconds'] / theirs['seconds']:.2f}; monitor: "
+                 f"{ours['monitor_seconds']:.1f} s of {ours['seconds']:.1f} s)"),
                 ("noise rate within 3 points", rate, abs(ours["rate"]["estimate"] - truth) <= 0.03,
                  f"{100 * ours['rate']['estimate']:.1f}% vs {100 * truth:.1f}%")]
         print(f"noise {100 * rate:.0f}% done", flush=True)
@@ -148,6 +184,9 @@ def main() -> int:
     print(f"\n#### Targets: {sum(m[2] for m in met)} of {len(met)} met\n")
     for what, rate, ok, detail in met:
         print(f"* {'met' if ok else 'MISSED'}: {what} at {100 * rate:.0f}% noise: {detail}")
+    if args.cost:
+        print(f"\n#### The monitor's cost: one fit of {args.epochs} epochs at 10% noise, best of 2\n")
+        print(cost_table(keras, args.epochs, args.seed))
     return 0
 
 

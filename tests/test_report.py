@@ -157,7 +157,7 @@ window.addEventListener('load', () => {
   const cell = s => [...document.querySelectorAll(s)].map(e => e.textContent);
   const out = {images: imgs.length, decoded: imgs.filter(i => i.complete && i.naturalWidth > 0).length,
     thumbs: document.querySelectorAll('img.thumb').length, plots: document.querySelectorAll('img.plot').length,
-    suspects: document.querySelectorAll('table.suspects tr').length - 1,
+    suspects: document.querySelectorAll('div.suspects figure').length,
     quarantined: cell('table.quarantined tr td:first-child'), excluded: cell('table.excluded-ids tr td:last-child'),
     pairs: document.querySelectorAll('table.pairs tr').length - 1,
     quality: document.querySelectorAll('div.quality figure').length,

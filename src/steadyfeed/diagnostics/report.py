@@ -44,7 +44,7 @@ h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-to
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:4px 8px;text-align:left;
 vertical-align:middle;font-size:.9em}th{background:#f4f4f4}.num{text-align:right;font-variant-numeric:tabular-nums}
 img.thumb{image-rendering:pixelated;border:1px solid #ccc}.grid{display:flex;flex-wrap:wrap;gap:8px}
-figure{margin:0;text-align:center;font-size:.8em}.note{color:#666;font-size:.9em}.missing{color:#a00}
+figure{margin:0;text-align:center;font-size:.8em;width:130px}.note{color:#666;font-size:.9em}.missing{color:#a00}
 .summary td{border:none;padding:2px 12px 2px 0}
 """
 
@@ -140,12 +140,12 @@ class _Page:
         if noise.get("aum_histogram"):
             parts.append(self._plot(_aum_figure, noise, "the distribution of AUM, with the threshold"))
         suspects = noise.get("suspects") or []
-        head = "<tr><th>image</th><th>id</th><th>given</th><th>predicted</th><th>score (AUM)</th><th>loss</th></tr>"
-        rows = [f"<tr><td>{self._thumb(s.get('id'), s.get('split'), s.get('file'))}</td>"
-                f"<td class=\"num\">{_e(s.get('id'))}</td><td>{_e(self._label(s.get('given')))}</td>"
-                f"<td>{_e(self._label(s.get('predicted')))}</td><td class=\"num\">{_num(s.get('score'))}</td>"
-                f"<td class=\"num\">{_num(s.get('loss'))}</td></tr>" for s in suspects[: self.o.rows]]
-        parts.append(self._table("suspects", head, rows, len(suspects)))
+        cards = [f"<figure class=\"suspect\">{self._thumb(s.get('id'), s.get('split'), s.get('file'))}"
+                 f"<figcaption>id {_e(s.get('id'))}<br>given <b>{_e(self._label(s.get('given')))}</b>, "
+                 f"predicted <b>{_e(self._label(s.get('predicted')))}</b><br>score {_num(s.get('score'))}"
+                 + (f", loss {_num(s.get('loss'))}" if s.get("loss") is not None else "")
+                 + "</figcaption></figure>" for s in suspects[: self.o.rows]]
+        parts.append(self._grid("suspects", cards, len(suspects)))
         return "".join(parts) + "</section>"
 
     def quality(self) -> str:
@@ -157,13 +157,11 @@ class _Page:
             flagged = check.get("flagged") or []
             figures = [f"<figure>{self._thumb(item.get('id'), item.get('split'), item.get('file'))}"
                        f"<figcaption>id {_e(item.get('id'))}<br>score {_num(item.get('score'))}"
-                       + (f"<br>{_e(self._label(item['label']))}" if item.get("label") is not None else "")
+                       + (f"<br>class {_e(self._label(item['label']))}" if item.get("label") is not None else "")
                        + (f"<br>{_e(item['reason'])}" if item.get("reason") else "") + "</figcaption></figure>"
                        for item in flagged[: self.o.rows]]
-            more = len(flagged) - len(figures)
             parts.append(f"<h3>{_e(name)}</h3><p class=\"note\">{len(flagged)} flagged; threshold "
-                         f"{_num(check.get('threshold'))}</p><div class=\"grid quality\">{''.join(figures)}</div>"
-                         + (f"<p class=\"note\">{more} more not shown</p>" if more > 0 else ""))
+                         f"{_num(check.get('threshold'))}</p>" + self._grid("quality", figures, len(flagged)))
         per_class = quality.get("per_class") or {}
         if per_class:
             names = sorted({n for counts in per_class.values() for n in counts})
@@ -215,6 +213,13 @@ class _Page:
             return "<p class=\"note\">None.</p>"
         more = total - len(rows)
         return (f"<table class=\"{_e(name)}\">{head}{''.join(rows)}</table>"
+                + (f"<p class=\"note\">{more} more not shown</p>" if more > 0 else ""))
+
+    def _grid(self, name: str, figures: list[str], total: int) -> str:
+        if not total:
+            return "<p class=\"note\">None.</p>"
+        more = total - len(figures)
+        return (f"<div class=\"grid {_e(name)}\">{''.join(figures)}</div>"
                 + (f"<p class=\"note\">{more} more not shown</p>" if more > 0 else ""))
 
     def _label(self, label: Any) -> Any:
