@@ -225,3 +225,20 @@ def test_the_report_command_writes_the_page(page, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "steadyfeed.tools.cli", "report", str(tmp_path / "none.json"),
                           "-o", str(out)], capture_output=True, text=True, timeout=240)
     assert bad.returncode == 2 and "none.json" in bad.stderr
+    unwritable = subprocess.run([sys.executable, "-m", "steadyfeed.tools.cli", "report", str(saved), "-o",
+                                 str(saved / "no" / "page.html")], capture_output=True, text=True, timeout=240)
+    assert unwritable.returncode == 1 and "cannot write" in unwritable.stderr
+
+
+def test_findings_merge_concatenates_lists_and_joins_quality_checks(tmp_path):
+    a = {"quarantine": [{"id": 1, "error": "E"}], "quality": {"checks": {"blur": {"flagged": []}}}}
+    b = {"quarantine": [{"id": 1, "error": "E"}, {"id": 2, "error": "F"}],
+         "quality": {"checks": {"dark": {"flagged": []}}, "per_class": {"0": {"dark": 0}}}, "label_noise": {"x": 1}}
+    merged = findings_io.merge(a, b)
+    assert [q["id"] for q in merged["quarantine"]] == [1, 2]
+    assert set(merged["quality"]["checks"]) == {"blur", "dark"} and merged["quality"]["per_class"] == {"0": {"dark": 0}}
+    findings_io.save(tmp_path / "f.json", {**merged, "n": np.int64(3)})  # numpy scalars are JSON numbers
+    assert findings_io.load(tmp_path / "f.json")["n"] == 3
+    (tmp_path / "list.json").write_text("[]")
+    with pytest.raises(ValueError, match="JSON object"):
+        findings_io.load(tmp_path / "list.json")

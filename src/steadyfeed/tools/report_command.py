@@ -12,13 +12,15 @@ pairs). Without data, thumbnails come from the findings' ``file`` paths, where t
 from __future__ import annotations
 
 import contextlib
+import sys
 
 from ..diagnostics import findings as findings_io
 from ..diagnostics.report import ReportOptions, write
 from .spec import LOADER_FLAGS, SpecError, add_spec_arguments, describe, loader_from_args, loader_from_spec, usage_error
 
 HELP = "write one self-contained HTML page of findings: mislabels, image quality, duplicates, quarantine"
-EXIT_CODES = ("exit codes: 0 written; 2 a usage error (unreadable FINDINGS, bad flags or SPEC)")
+EXIT_CODES = ("exit codes: 0 written; 1 the page could not be written (the error says why; nothing is left at "
+              "OUT.html); 2 a usage error (unreadable FINDINGS, bad flags or SPEC)")
 
 
 def add_arguments(parser) -> None:
@@ -59,6 +61,10 @@ def run(args) -> int:
         for split, opened in (("train", loader), ("against", against)):
             if opened is not None:
                 sources[split] = stack.enter_context(opened).source
-        write(args.output, findings, sources=sources, options=options)
+        try:
+            write(args.output, findings, sources=sources, options=options)
+        except OSError as exc:
+            print(f"steadyfeed report: error: cannot write {args.output}: {exc}", file=sys.stderr)
+            return 1
     print(f"steadyfeed report: wrote {args.output}")
     return 0
