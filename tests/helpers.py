@@ -9,8 +9,9 @@ import time
 import numpy as np
 
 from steadyfeed import ArraySource
+from steadyfeed.sources.base import LazyHandles
 
-HANG_SECONDS = 30.0
+HANG_SECONDS = 600.0  # past every test's timeout: a hang ends only when the test releases it
 
 
 def child_processes() -> list:
@@ -143,6 +144,41 @@ class BigSource:
 
     def __getitem__(self, i):
         return {"x": np.full(self.width, float(i))}
+
+
+class ManyFiles:
+    """Sample ``i`` is the file ``directory/<i>.bin`` (its x: 4 float64 from 4i, y = label_of(x)),
+    read with ``os.pread`` through one handle per file (``LazyHandles``), as a TFRecord or
+    WebDataset source over thousands of shards reads. ``write(directory, n)`` makes the files."""
+
+    def __init__(self, directory, n: int):
+        self.directory, self.n = os.fspath(directory), n
+        self._handles = LazyHandles(_open_readonly, os.close)
+
+    @staticmethod
+    def write(directory, n: int) -> None:
+        os.makedirs(directory, exist_ok=True)
+        for i in range(n):
+            with open(os.path.join(directory, f"{i}.bin"), "wb") as f:
+                f.write(np.arange(4 * i, 4 * i + 4, dtype=np.float64).tobytes())
+
+    def __len__(self):
+        return self.n
+
+    def locate(self, i):
+        return os.path.join(self.directory, f"{i}.bin")
+
+    def __getitem__(self, i):
+        with self._handles.use(self.locate(i)) as fd:
+            x = np.frombuffer(os.pread(fd, 32, 0), dtype=np.float64)
+        return {"x": x, "y": label_of(x[None])[0]}
+
+    def close(self):
+        self._handles.close()
+
+
+def _open_readonly(path):
+    return os.open(path, os.O_RDONLY)
 
 
 def errors_in_threads(fn, count: int) -> list:

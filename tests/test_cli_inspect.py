@@ -151,7 +151,7 @@ def test_usage_errors_exit_2(capsys, argv, message):
 
 def test_the_installed_console_script_runs_it(folder):
     script = Path(sys.executable).parent / "steadyfeed"
-    done = subprocess.run([str(script), "inspect", str(folder), "--json"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([str(script), "inspect", str(folder), "--json"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr
     assert json.loads(done.stdout)["modes"] == {"RGB": 9, "L": 1}
     assert "inspect images" in done.stderr  # the progress bar
@@ -261,6 +261,7 @@ def tf_example(i: int) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
+@pytest.mark.timeout(300)  # the session's first TensorFlow import can take minutes on a loaded machine
 def test_a_tensorflow_written_tfrecord_lists_its_features_and_the_flags_that_read_it(tmp_path, capsys, no_leaks):
     tf = pytest.importorskip("tensorflow", reason="tensorflow is not installed", exc_type=ImportError)
     path = str(tmp_path / "train.tfrecord")

@@ -248,6 +248,7 @@ def test_pad_keeps_every_value_and_zeroes_the_rest(rows, batch_size, last_batch)
     assert seen == list(range(len(samples)))
 
 
+@pytest.mark.timeout(300)  # the session's first TensorFlow import can take minutes on a loaded machine
 def test_tf_signature_leaves_padded_dimensions_open():
     tf = pytest.importorskip("tensorflow", reason="tensorflow is not installed", exc_type=ImportError)
     from steadyfeed.integration.tf_dataset import output_signature

@@ -4,7 +4,10 @@ a Python or library release that removes one fails this test instead of a user's
 * ``multiprocessing.spawn._check_not_importing_main``: the check ``Process.start()`` makes,
   called before a process worker creates anything (``execution/workers.py``);
 * ``_posixshmem.shm_unlink``: unlinks a shared-memory segment that ``SharedMemory()`` cannot
-  attach (``execution/shm.py``).
+  attach (``execution/shm.py``);
+* ``_posixshmem.shm_open``: a file descriptor of a segment, to reserve its pages with
+  ``os.posix_fallocate`` (``shm.reserve``): ``SharedMemory`` shows no descriptor publicly, and
+  without the reservation a too-small /dev/shm is a SIGBUS instead of an error.
 
 steadyfeed reads no other library's private internals (Keras, TensorFlow, Ray included).
 """
@@ -49,3 +52,22 @@ def test_steadyfeed_reads_no_call_stack():
                 if "_getframe" in text or "f_locals" in text or "inspect.stack" in text:
                     offenders.append(os.path.relpath(os.path.join(folder, name), root))
     assert offenders == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="posix_fallocate on POSIX shared memory")
+def test_a_segment_can_be_opened_by_name_and_its_pages_reserved():
+    import _posixshmem
+
+    from steadyfeed.execution import shm
+
+    name = f"{shm.PREFIX}test{os.getpid():x}{os.urandom(2).hex()}"
+    segment = shm.create_reserved(name, 3 * 4096)
+    try:
+        fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)  # what shm.reserve opens
+        try:
+            assert os.fstat(fd).st_blocks * 512 >= 3 * 4096  # the pages are backed already
+        finally:
+            os.close(fd)
+    finally:
+        segment.close()
+        segment.unlink()

@@ -125,7 +125,7 @@ def test_concurrent_reads_from_threads_share_one_handle(tmp_path):
 
     with ThreadPoolExecutor(4) as pool:
         assert all(pool.map(read, ids))
-    assert len(src._handles._handles) == 1
+    assert src._handles.open_count() == 1
     src.close()
 
 
@@ -311,7 +311,7 @@ def test_pickle_carries_no_handle_and_close_releases_everything(tmp_path):
     blob = pickle.dumps(src)
     assert len(blob) < 4000  # the 16 KB index stays behind; workers map the cache file
     clone = pickle.loads(blob)
-    assert clone._handles._handles == {} and clone._index is None
+    assert clone._handles.open_count() == 0 and clone._index is None
     np.testing.assert_array_equal(clone[1999]["x"], [7996, 7997, 7998, 7999])
     assert clone.locate(1999) == src.locate(1999)
     src.close()

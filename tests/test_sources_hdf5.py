@@ -41,6 +41,12 @@ def paired_file(tmp_path):
     return write_paired(tmp_path / "d.h5", 300, chunks=(16, WIDTH))
 
 
+def _raw(src: Hdf5Source) -> dict:
+    """Which datasets this process's handle reads by file offset (stored raw)."""
+    with src._handles.use() as handle:
+        return handle.raw
+
+
 def delivered(loader) -> np.ndarray:
     batches = list(loader)
     for batch in batches:
@@ -270,7 +276,7 @@ def test_uncompressed_rows_are_read_by_file_offset_and_match_h5py(tmp_path, no_l
     src = Hdf5Source(path, **keys)
     ids = np.array([100, 3, 7, 8, 9, 64, 3, 0])
     batch = src.read_batch(ids)
-    assert sorted(src._handles.get().raw) == ["chunked", "contiguous"]
+    assert sorted(_raw(src)) == ["chunked", "contiguous"]
     with h5py.File(path, "r") as f:
         for name in keys:
             expected = np.stack([f[name][int(i)] for i in ids])
@@ -324,7 +330,7 @@ def raw_layouts(tmp_path_factory):
         read = {name: f[name][()] for name in data}  # the reference: what h5py reads
     assert_bit_exact(read, data)
     src = Hdf5Source(path, **{name: f"/{name}" for name in data})
-    raw = src._handles.get().raw  # the layouts these tests claim to cover are the ones written
+    raw = _raw(src)  # the layouts these tests claim to cover are the ones written
     assert sorted(raw) == sorted(data)
     assert raw["contiguous"].rows_per_chunk == N_RAW and len(raw["contiguous"].offsets) == 1
     assert (np.diff(raw["reversed"].offsets) < 0).all()  # chunks lie in the file last to first
@@ -381,7 +387,7 @@ def test_raw_reads_take_one_syscall_per_span_not_per_row(raw_layouts, monkeypatc
     """Nearby rows share a read, across chunk boundaries where chunks lie back to back in the file,
     never across a jump in the file."""
     src, path, data = raw_layouts
-    raw = src._handles.get().raw
+    raw = _raw(src)
     calls = []
     preadv = os.preadv
     monkeypatch.setattr(os, "preadv", lambda fd, buffers, offset: calls.append(offset) or preadv(fd, buffers, offset))
@@ -411,7 +417,7 @@ def test_a_file_truncated_after_opening_fails_naming_the_rows(tmp_path, ids):
         f.create_dataset("x", data=rows, chunks=(8, 6))
     src = Hdf5Source(path, x="/x")
     np.testing.assert_array_equal(src.read_batch(ids)["x"], rows[ids])  # opens the file
-    raw = src._handles.get().raw["x"]
+    raw = _raw(src)["x"]
     assert raw.rows_per_chunk == 8 and 40 % 8 == 0
     os.truncate(path, int(raw.offsets[40 // 8]) + 20)  # mid-row 40: the first read comes back short
     with pytest.raises(DataError, match=rf"rows 40\.\.{ids[-1]} of dataset /x end past the end of the file "

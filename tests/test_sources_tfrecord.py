@@ -19,7 +19,7 @@ from steadyfeed.sources.tfrecord import (
 
 from helpers import assert_paired, epoch_digest, errors_in_threads, paired_source
 
-pytestmark = pytest.mark.timeout(120)  # the TF-written fixture imports TensorFlow (seconds; more on a loaded machine)
+pytestmark = pytest.mark.timeout(300)  # the TF-written fixture imports TensorFlow (minutes on a loaded machine)
 
 N = 300
 MODES = [(2, "thread"), (2, "process")]

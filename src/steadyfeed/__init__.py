@@ -2,7 +2,8 @@
 exactly once, reproducibly, and never silently or stuck."""
 from .config import ExecutionOptions, FailureOptions, LoaderConfig, ReadOptions, ShardOptions
 from .errors import (
-    CollateError, DataError, RayClusterLost, SampleError, SampleTimeout, SteadyfeedError, TooManyErrors, WorkerDied,
+    CollateError, DataError, DiskFull, NoSpace, RayClusterLost, SampleError, SampleTimeout, SharedMemoryFull,
+    SteadyfeedError, TooManyErrors, WorkerDied,
 )
 from .loader import Loader
 from .locking import serialized
@@ -22,6 +23,7 @@ __all__ = [
     "CsvSource",
     "DataError",
     "DiskCache",
+    "DiskFull",
     "ExecutionOptions",
     "FailureOptions",
     "Loader",
@@ -29,6 +31,7 @@ __all__ = [
     "MemoryCache",
     "Mixture",
     "NpyArray",
+    "NoSpace",
     "NpyPairs",
     "RayClusterLost",
     "ReadOptions",
@@ -36,6 +39,7 @@ __all__ = [
     "SampleTimeout",
     "SequentialSampler",
     "ShardOptions",
+    "SharedMemoryFull",
     "ShuffleSampler",
     "SteadyfeedError",
     "TFRecordSource",

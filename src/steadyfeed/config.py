@@ -26,10 +26,12 @@ from typing import Any, Callable, Literal
 from .sampling.plan import LAST_BATCH_POLICIES, LastBatch
 
 Mode = Literal["thread", "process", "ray"]
+Transport = Literal["auto", "shm", "pipe"]
 OnError = Literal["raise", "skip"]
 Collate = Literal["stack", "pad"]
 
 MODES: tuple[str, ...] = typing.get_args(Mode)
+TRANSPORTS: tuple[str, ...] = typing.get_args(Transport)
 ERROR_POLICIES: tuple[str, ...] = typing.get_args(OnError)
 COLLATE_POLICIES: tuple[str, ...] = typing.get_args(Collate)
 
@@ -73,7 +75,8 @@ class ReadOptions:
     shuffle: bool = option(False, doc="a fresh permutation of the samples every epoch, drawn from (seed, epoch)")
     seed: int = option(0, doc="the seed of the order and of every sample's transform stream", metavar="S")
     sampler: Any = option(None, cli=False,
-                          doc="an object with epoch_order(n, seed, epoch) (sampling/samplers.py) instead of shuffle")
+                          doc="an object with order(n, seed, epoch) or epoch_order(n, seed, epoch) "
+                              "(sampling/samplers.py) instead of shuffle")
     transform: Callable | None = option(None, cli=False,
                                         doc="transform(sample, rng) -> sample, run in the workers with each sample's "
                                             "own random stream")
@@ -112,6 +115,17 @@ class ExecutionOptions:
                                                  "a timeout)")
     worker_niceness: int = option(5, doc="how many nice steps below the consumer the workers run (0-19, Linux)",
                                   metavar="N")
+    max_inflight_bytes: int | None = option(None,
+                                            doc="bytes of batches in flight or waiting, at most, besides prefetch "
+                                                "(each batch not yet made counts as the largest made so far; one "
+                                                "batch is always allowed, and until the first is made, one at a "
+                                                "time). None: prefetch alone bounds them", metavar="BYTES")
+    transport: Transport = option("auto",
+                                  doc="how process workers hand batches over: 'auto' uses shared memory and, where "
+                                      "/dev/shm cannot hold a batch, falls back to the workers' pipes (saying so "
+                                      "once, in a warning and in stats()['transport']); 'shm' raises "
+                                      "SharedMemoryFull instead; 'pipe' always uses the pipes (one more copy per "
+                                      "batch, batches never in /dev/shm)")
 
     def __post_init__(self):
         _need(_is_int(self.workers) and self.workers >= 0, f"workers must be an int >= 0, got {self.workers!r}")
@@ -123,6 +137,9 @@ class ExecutionOptions:
         _need(not (self.inline_when_faster and self.mode == "ray"), "inline_when_faster is for thread and process mode, not Ray")
         _need(_is_int(self.worker_niceness) and 0 <= self.worker_niceness <= 19,
               f"worker_niceness must be an int from 0 (the consumer's priority) to 19, got {self.worker_niceness!r}")
+        _need(self.max_inflight_bytes is None or (_is_int(self.max_inflight_bytes) and self.max_inflight_bytes >= 1),
+              f"max_inflight_bytes must be a byte count >= 1 (an int) or None, got {self.max_inflight_bytes!r}")
+        _one_of("transport", self.transport, TRANSPORTS)
 
     @property
     def effective_prefetch(self) -> int:

@@ -7,6 +7,7 @@ exception chained as ``__cause__``.
 """
 from __future__ import annotations
 
+import errno
 import functools
 
 
@@ -40,7 +41,14 @@ class CollateError(DataError):
 
 
 class SampleError(SteadyfeedError):
-    """A sample could not be read or transformed (after all its attempts)."""
+    """A sample could not be read or transformed (after all its attempts).
+
+    Fields: ``sample_id``, ``epoch``, ``batch_index``, ``attempts``, ``error_type`` (the name of
+    what the worker raised), ``location`` (where the sample lives, when the source can say),
+    ``worker_traceback`` (text); the original exception is ``__cause__``. Raised by the
+    loader, it is also an instance of the original exception's type (its class is
+    ``SampleError[ValueError]`` for a ``ValueError``, where the two types combine), so
+    ``except ValueError`` catches it."""
 
     def __init__(
         self,
@@ -109,6 +117,41 @@ class WorkerDied(SampleError):
 
 class TooManyErrors(SteadyfeedError):
     """More samples failed in one epoch than ``max_error_fraction`` allows."""
+
+
+class NoSpace(SteadyfeedError, OSError):
+    """A write found no room: ``needed`` bytes, with ``free`` bytes free of ``total`` where it was
+    to go. An ``OSError`` with errno ``ENOSPC``, so ``except OSError`` catches it too; the message
+    says where, how much, and what to do."""
+
+    def __init__(self, message: str, needed: int = 0, free: int = 0, total: int = 0):
+        super().__init__(errno.ENOSPC, message)
+        self.needed, self.free, self.total = int(needed), int(free), int(total)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+    def __reduce__(self):
+        return (type(self), (self.strerror, self.needed, self.free, self.total))
+
+
+class SharedMemoryFull(NoSpace):
+    """Process mode's shared memory (``/dev/shm``) cannot hold what a worker needs. Seen when the
+    memory is reserved, before any byte is written (never a bus error), and raised only where the
+    loader may not fall back to pipes: ``transport="shm"``, or the one page each worker needs for
+    its status."""
+
+
+class DiskFull(NoSpace):
+    """A file steadyfeed writes (a pack, a cache, an index, the quarantine report) does not fit
+    on its filesystem: ``path`` names the file, ``needed`` the bytes it needed."""
+
+    def __init__(self, message: str, needed: int = 0, free: int = 0, total: int = 0, path: str = ""):
+        super().__init__(message, needed, free, total)
+        self.filename = self.path = path
+
+    def __reduce__(self):
+        return (type(self), (self.strerror, self.needed, self.free, self.total, self.path))
 
 
 class RayClusterLost(SteadyfeedError, RuntimeError):

@@ -1,17 +1,5 @@
-"""Loader: the public face of the engine.
-
-Guarantees (each proven by a test named in the README):
-
-* every sample of the shard's plan is delivered exactly once per epoch, with its own
-  label, or raised / quarantined as a :class:`SampleError`; samples that each read fine
-  but cannot share a batch raise :class:`CollateError` under any ``on_error`` (no sample
-  is charged for it);
-* the same seed gives bit-identical batches for any ``workers`` and ``mode``;
-* at most ``prefetch`` batches are in flight or waiting;
-* a dead or hung worker is detected, never waited on forever;
-* leaving an epoch early, an exception or ``close()`` stops every worker and
-  releases every shared-memory segment.
-"""
+"""Loader: the public face of the engine; its guarantees are in the class docstring, each
+proven by a test named on the documentation's Guarantees page."""
 from __future__ import annotations
 
 import importlib.util
@@ -29,7 +17,7 @@ from .errors import SampleError, SampleTimeout, TooManyErrors, WorkerDied, with_
 from .execution.batch import collate_error
 from .execution.handoff import FixedHandoff, make_handoff
 from .execution.pool import InlinePool, make_pool
-from .execution.scheduler import EpochRun, Outcome
+from .execution.scheduler import ByteBudget, EpochRun, Outcome
 from .execution.task import SampleFailure, WorkContext
 from .quarantine import Quarantine, QuarantineEntry
 from .sampling.elastic import remainder_chain
@@ -46,6 +34,18 @@ _ERROR_CLASSES = {"error": SampleError, "timeout": SampleTimeout, "died": Worker
 
 class Loader:
     """Batches of a random-access ``source``, read and transformed by concurrent workers.
+
+    Guarantees:
+
+    * every sample of the shard's plan is delivered exactly once per epoch, with its own
+      label, or raised / quarantined as a :class:`SampleError`; samples that each read fine
+      but cannot share a batch raise :class:`CollateError` under any ``on_error`` (no sample
+      is charged for it);
+    * the same seed gives bit-identical batches for any ``workers`` and ``mode``;
+    * at most ``prefetch`` batches are in flight or waiting;
+    * a dead or hung worker is detected, never waited on forever;
+    * leaving an epoch early, an exception or ``close()`` stops every worker and
+      releases every shared-memory segment.
 
     Options (``config.py``, where each is documented) come as flat keywords, e.g.
     ``Loader(source, 64, shuffle=True, workers=4, mode="process", on_error="skip")``, as
@@ -81,6 +81,7 @@ class Loader:
         self._source_identity: dict | None = None  # computed once, when a state is first saved or loaded
         self._pool = None
         self._handoff = make_handoff(self.config)  # who makes each batch; measured anew with each new pool
+        self._budget = ByteBudget(self.config.execution.max_inflight_bytes)  # learns batch sizes across epochs
         self._task_ids = itertools.count()
         self._active = threading.Lock()  # one epoch at a time
         self._closed = False
@@ -178,7 +179,7 @@ class Loader:
         return EpochRun(pool, plan, epoch=epoch, start=start, prefetch=prefetch, retries=failure.retries,
                         stop_on_failure=pool.ctx.stop_on_failure, task_ids=self._task_ids,
                         max_blameless_deaths=max(3, 2 * self.config.execution.workers), stats=stats,
-                        handoff=handoff)
+                        handoff=handoff, budget=self._budget)
 
     def peek(self, batch_index: int = 0, epoch: int | None = None) -> dict:
         """Batch ``batch_index`` of ``epoch`` (default: the cursor's), computed in this thread.
@@ -215,7 +216,8 @@ class Loader:
         if self._pool is None:
             execution, failure = self.config.execution, self.config.failure
             ctx = self._work_context(stop_on_failure=failure.on_error == "raise")
-            self._pool = make_pool(execution.mode, execution.workers, ctx, failure.timeout)
+            self._pool = make_pool(execution.mode, execution.workers, ctx, failure.timeout,
+                                   transport=execution.transport, stats=self._stats)
             self._handoff = make_handoff(self.config)
         return self._pool
 
@@ -349,18 +351,26 @@ class Loader:
     # -- frameworks (imported only when asked for) -------------------------------------
     def as_keras(self, x="x", y="y", sample_weight=None, *, steps_per_epoch: int | None = None,
                  padding: str | None = None):
-        """A ``keras.utils.PyDataset`` for fit/evaluate/predict; see ``steadyfeed.keras.KerasDataset``."""
+        """A ``keras.utils.PyDataset`` for fit/evaluate/predict (the ``keras`` extra): one Keras
+        epoch is one loader epoch, every sample once, in the loader's order and with its workers.
+        ``x`` / ``y`` name a key, a tuple of keys or ``{input name: key}``; see
+        ``steadyfeed.keras.KerasDataset`` for the arguments and guarantees."""
         from .integration.keras_dataset import KerasDataset
         return KerasDataset(self, x=x, y=y, sample_weight=sample_weight, steps_per_epoch=steps_per_epoch,
                             padding=padding)
 
     def as_tf_dataset(self, x=None, y=None):
-        """A ``tf.data.Dataset`` over ``iter(self)`` with an exact signature; see ``integration.tf_dataset``."""
+        """A ``tf.data.Dataset`` over ``iter(self)`` (the ``tf`` extra): each iteration is the
+        loader's batches from its cursor to the end of that epoch, each once, in its order;
+        ``element_spec`` is exact (padded dimensions ``None``); never re-sharded by
+        ``tf.distribute``. With ``x`` / ``y``, elements are ``(x, y)`` as ``as_keras`` gives them."""
         from .integration.tf_dataset import to_tf_dataset
         return to_tf_dataset(self, x=x, y=y)
 
     def as_torch(self):
-        """A ``torch.utils.data.IterableDataset`` of tensors; see ``integration.torch_dataset``."""
+        """A ``torch.utils.data.IterableDataset`` of dicts of tensors (``torch.from_numpy``, no
+        copy); ``iter(ds)`` is ``iter(loader)``. Use it directly or as ``DataLoader(ds,
+        batch_size=None, num_workers=0)``: steadyfeed's workers are the workers."""
         from .integration.torch_dataset import TorchBatches
         return TorchBatches(self)
 

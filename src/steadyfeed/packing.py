@@ -20,6 +20,9 @@ Guarantees:
 * the dataset appears whole or not at all: everything is written (and fsynced) into a hidden
   ``.<name>.partial-*`` directory beside ``out_dir``, renamed to ``out_dir`` only once
   complete; an error removes it, a crash leaves only that hidden directory;
+* a filesystem that fills up raises ``DiskFull`` naming ``out_dir`` and the bytes the pack
+  needs (estimated from the records written so far), with the hidden directory removed; the
+  source is only read, never changed;
 * the directory and files get the modes the umask gives (``files.py``), so another account
   can read the shards;
 * ``tf.data.TFRecordDataset`` reads the shards as they are.
@@ -39,17 +42,18 @@ import numpy as np
 
 from .config import FailureOptions
 from .errors import DataError, SampleError, TooManyErrors
-from .files import fsync_directory, staging_directory
+from .files import disk_full, fsync_directory, is_full, staging_directory
 from .loader import Loader
 from .progress import progress_bar
 from .quarantine import QuarantineEntry
 from .sources.base import close_source, locate, read_many
 from .sources.tfrecord import (
-    INDEX_SUFFIX, MANIFEST_NAME, FeatureSpec, RecordWriter, check_sample, encode_example, index_path,
+    FRAMING_BYTES, INDEX_SUFFIX, MANIFEST_NAME, FeatureSpec, RecordWriter, check_sample, encode_example, index_path,
     infer_specs, manifest_dict, require_support, save_index,
 )
 
 DEFAULT_SHARD_SIZE = 10_000
+INDEX_ROW_BYTES = 16  # each record's (offset, length) in its shard's index
 CHUNK_BYTES = 4 << 20  # encoded bytes per worker task: big enough to amortize a task, small enough to bound memory
 MAX_CHUNK = 256
 
@@ -78,6 +82,7 @@ def pack(source: Any, out_dir: str | os.PathLike, shard_size: int = DEFAULT_SHAR
         raise ValueError("workers need a source with __len__ and __getitem__; an iterable is read once, in order")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(staging_directory(out_dir))
+    shards = _Shards(staging, int(shard_size))
     try:
         encoder = SampleEncoder()
         chunks = (_source_chunks(source, encoder, workers, mode, skipped) if is_source
@@ -85,14 +90,28 @@ def pack(source: Any, out_dir: str | os.PathLike, shard_size: int = DEFAULT_SHAR
         bar = progress_bar(len(source) if is_source else None, f"pack {out_dir.name}", unit=" samples",
                            enabled=progress, leave=True)
         with contextlib.closing(chunks), bar:
-            counts = _write_shards(chunks, staging, int(shard_size), bar)
+            counts = _write_shards(chunks, shards, bar)
         skipped.check(sum(counts) + len(skipped.entries), final=True)
         _finish(staging, counts, encoder.specs or {}, skipped.report())
         _publish(staging, out_dir)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
+        if is_full(exc):
+            raise _no_room(out_dir, shards, len(source) if is_source else None) from exc
         raise
     return out_dir
+
+
+def _no_room(out_dir: Path, shards: "_Shards", total: int | None):
+    """DiskFull for a pack that filled its filesystem: the bytes it needs, estimated from the
+    records written so far (at least those, for an iterable of unknown length)."""
+    written, records = shards.bytes, shards.records
+    if total and records:
+        needed, how = written * total // records, f"estimated from the {records:,} of {total:,} samples written"
+    else:
+        needed, how = written, "at least: what was written before it filled"
+    return disk_full(out_dir, needed, what="the pack", how=how,
+                     then="nothing was published, and the hidden staging directory is removed")
 
 
 # -- encoding -------------------------------------------------------------------------------------
@@ -261,6 +280,7 @@ class _Shards:
     def __init__(self, directory: Path, shard_size: int):
         self.directory, self.shard_size = directory, shard_size
         self.counts: list[int] = []
+        self.records = self.bytes = 0  # written so far, framing and index rows included
         self._writer: RecordWriter | None = None
 
     def write(self, record: bytes) -> None:
@@ -269,6 +289,8 @@ class _Shards:
         if self._writer is None:
             self._writer = RecordWriter(self.directory / _shard_name(len(self.counts)))
         self._writer.write(record)
+        self.records += 1
+        self.bytes += len(record) + FRAMING_BYTES + INDEX_ROW_BYTES
 
     def seal(self) -> None:
         """Close the open shard and write its index (from the offsets kept while writing)."""
@@ -283,9 +305,8 @@ class _Shards:
             self._writer.close()
 
 
-def _write_shards(chunks: Iterator[list[bytes]], directory: Path, shard_size: int, bar) -> list[int]:
+def _write_shards(chunks: Iterator[list[bytes]], shards: _Shards, bar) -> list[int]:
     """Write every record; returns each shard's record count."""
-    shards = _Shards(directory, shard_size)
     try:
         for records in chunks:
             for record in records:

@@ -35,6 +35,10 @@ class LoaderStats:
     fill_max: int = 0
     fill_timeline: deque = field(default_factory=lambda: deque(maxlen=TIMELINE_POINTS))
     started: float = field(default_factory=time.monotonic)
+    # how batches reach the consumer: "in-process" (workers=0, threads), "shm" or "pipe" (process
+    # workers), "ray"; and, once process workers fell back from shared memory to pipes, why
+    transport: str = "in-process"
+    transport_fallback: str | None = None
     components: dict = field(default_factory=dict)  # a Mixture's component name -> {"samples", "skipped"}
 
     def record_fill(self, ready: int) -> None:
@@ -72,6 +76,8 @@ class LoaderStats:
             "queue_fill_total": self.fill_total,
             "queue_fill_max": self.fill_max,
             "queue_fill_timeline": list(self.fill_timeline),
+            "transport": self.transport,
+            "transport_fallback": self.transport_fallback,
             **({"components": {name: dict(c) for name, c in self.components.items()}} if self.components else {}),
         }
 

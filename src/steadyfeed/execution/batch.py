@@ -13,7 +13,7 @@ import numpy as np
 
 from ..sampling.seeds import SampleStreams
 from ..errors import CollateError
-from ..sources.base import as_sample, locate, native, read_columns, read_many
+from ..sources.base import NO_FDS, as_sample, fd_limit_note, locate, native, read_columns, read_many
 from .task import BatchResult, BatchTask, Disagreement, SampleFailure, Stage, StatusSlot, WorkContext
 
 # allocate(specs) -> {key: empty array}; specs is {key: (shape, dtype)}
@@ -25,12 +25,15 @@ def numpy_allocator(specs: dict) -> dict:
 
 
 def _failure(position: int, sample_id: int, attempts: int, exc: BaseException) -> SampleFailure:
+    message = str(exc)
+    if isinstance(exc, OSError) and exc.errno in NO_FDS and "ulimit -n" not in message:  # not said yet
+        message = f"{message}: {fd_limit_note()}"
     return SampleFailure(
         position=position,
         sample_id=sample_id,
         attempts=attempts,
         error_type=type(exc).__name__,
-        message=str(exc),
+        message=message,
         traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
         exception=exc,
     )

@@ -10,7 +10,11 @@ sentinels, the thread's own report), timeouts within a poll interval.
 from __future__ import annotations
 
 import queue
+import warnings
 
+from ..errors import SharedMemoryFull
+from ..stats import LoaderStats
+from ..units import human_bytes
 from . import shm
 from .batch import run_batch
 from .protocol import Done, Event, Lost
@@ -183,7 +187,13 @@ class _OutboxPool(WorkerPool):
         if kind == "died":
             worker = self.workers.get(wid)
             return [] if worker is None else [self._lose(wid, "died", worker.death_detail(payload))]
+        if kind == "short":
+            self._short_of_shm(payload)
+            return []
         return self._done(wid, payload)
+
+    def _short_of_shm(self, shortage: shm.Shortage) -> None:
+        raise RuntimeError("steadyfeed bug: a pool without shared memory reported a shortage of it")
 
 
 class ThreadPool(_OutboxPool):
@@ -198,9 +208,20 @@ class ThreadPool(_OutboxPool):
 class ProcessPool(_OutboxPool):
     """Worker processes. Two threads keep the pipes off the consumer's thread (the training
     loop): a sender writes the tasks (``sender.py``), a receiver takes the results in and
-    copies each batch out of shared memory before the consumer asks for it (``receiver.py``)."""
+    copies each batch out of shared memory before the consumer asks for it (``receiver.py``).
 
-    def __init__(self, ctx: WorkContext, size: int, timeout: float | None):
+    Batches travel through shared memory, or, with ``transport="pipe"`` or once shared memory
+    proved too small for a batch under ``"auto"``, through the workers' pipes: a task names no
+    slot then (``_prepare``). The fallback is the pool's decision, made once, in the consumer's
+    thread, from a worker's ``Shortage`` report (``_short_of_shm``); ``stats`` records it, so
+    a later pool of the same loader starts on pipes."""
+
+    def __init__(self, ctx: WorkContext, size: int, timeout: float | None, transport: str = "auto",
+                 stats: LoaderStats | None = None):
+        self._policy = transport
+        self._stats = stats if stats is not None else LoaderStats()
+        self._by_pipe = transport == "pipe" or self._stats.transport_fallback is not None
+        self._stats.transport = "pipe" if self._by_pipe else "shm"
         self._mp = process_context()
         self._token = shm.owner_token()
         self._slots = shm.ConsumerSlots()
@@ -210,12 +231,36 @@ class ProcessPool(_OutboxPool):
         super().__init__(ctx, size, timeout)
 
     def _new_worker(self, wid: int) -> ProcessWorker:
-        worker = ProcessWorker(wid, self.ctx, self._mp, self._token, TASKS_PER_WORKER, self._sender, self._slots)
+        try:
+            worker = ProcessWorker(wid, self.ctx, self._mp, self._token, TASKS_PER_WORKER, self._sender, self._slots)
+        except shm.NoRoom as exc:
+            raise SharedMemoryFull(
+                f"{exc.shortage.text(f'the status slot of process worker {wid}')}: every process worker needs "
+                f"one page of shared memory (under any transport). Fix: {shm.FIXES}.",
+                exc.shortage.needed, exc.shortage.free, exc.shortage.total) from None
         self._receiver.watch(wid, worker.conn, worker.sentinel)
         return worker
 
     def _prepare(self, task: BatchTask, worker: ProcessWorker) -> BatchTask:
-        return worker.with_free_slot(task)
+        return task if self._by_pipe else worker.with_free_slot(task)
+
+    def _short_of_shm(self, shortage: shm.Shortage) -> None:
+        """A worker found no room in shared memory for a batch slot (and sent that batch by pipe)."""
+        need = (f"each process worker keeps up to {TASKS_PER_WORKER} slots of its largest batch, so {self.size} "
+                f"workers need about {human_bytes(TASKS_PER_WORKER * self.size * shortage.needed)}")
+        what = f"{shortage.text('a batch slot')} ({need})"
+        if self._policy == "shm":
+            raise SharedMemoryFull(f"{what}, and transport='shm' does not fall back to pipes. Fix: {shm.FIXES}; "
+                                   "or pass transport='auto' to let batches travel through the workers' pipes.",
+                                   shortage.needed, shortage.free, shortage.total)
+        if self._by_pipe:  # a task sent before the switch: said already
+            return
+        self._by_pipe = True
+        message = (f"{what}: process workers now send batches through their pipes instead (one more copy per "
+                   f"batch; loader.stats()['transport'] says 'pipe'). To keep shared memory, {shm.FIXES}; "
+                   "transport='pipe' chooses pipes from the start, transport='shm' raises instead.")
+        self._stats.transport, self._stats.transport_fallback = "pipe", message
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
 
     def shutdown(self) -> None:
         try:
@@ -225,14 +270,18 @@ class ProcessPool(_OutboxPool):
             self._receiver.stop()
 
 
-def make_pool(mode: str, workers: int, ctx: WorkContext, timeout: float | None):
-    """The pool for ``workers`` workers of ``mode`` (no workers: :class:`InlinePool`)."""
+def make_pool(mode: str, workers: int, ctx: WorkContext, timeout: float | None, *, transport: str = "auto",
+              stats: LoaderStats | None = None):
+    """The pool for ``workers`` workers of ``mode`` (no workers: :class:`InlinePool`); ``stats``
+    learns the transport in use (``transport`` is process mode's, ``ExecutionOptions.transport``)."""
+    stats = stats if stats is not None else LoaderStats()
+    stats.transport = "ray" if workers and mode == "ray" else "in-process"
     if workers == 0:
         return InlinePool(ctx)
     if mode == "thread":
         return ThreadPool(ctx, workers, timeout)
     if mode == "process":
-        return ProcessPool(ctx, workers, timeout)
+        return ProcessPool(ctx, workers, timeout, transport, stats)
     try:
         from .ray_pool import RayPool  # Ray is optional and slow to import: only when asked for
     except ModuleNotFoundError as exc:

@@ -34,7 +34,12 @@ Guarantees:
   (``ray.kill``) and replaced (off the consumer's node, detection lags by up to one
   ``status()`` poll, and only the actor's own report of its elapsed time counts, so a stale
   view never kills it);
-* ``shutdown()`` kills every actor and agent of this pool and removes its status slots.
+* ``shutdown()`` kills every actor and agent of this pool and removes its status slots;
+* a full ``/dev/shm`` never kills an actor with SIGBUS: every status slot's page is reserved
+  when it is made (``shm.reserve``). Where the consumer's slot does not fit, its actors keep
+  their own, as remote ones do (one ``RuntimeWarning``); where an actor's own does not fit
+  either, it keeps none, and its death charges no sample. Batches travel through Ray's object
+  store, which Ray places and sizes itself when the cluster starts (README, "Hostile machines").
 """
 from __future__ import annotations
 
@@ -141,16 +146,45 @@ def _map_slot(name: str):
 
 
 def _create_slot(name: str):
-    """A slot of the actor's own that outlives it (no resource tracker either), for the agent to read."""
+    """A slot of the actor's own that outlives it (no resource tracker either), for the agent to
+    read; None where /dev/shm is missing or full (its page reserved now, so a write to it can
+    never be a SIGBUS)."""
+    path = os.path.join(SHM_DIR, name)
     try:
-        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError:
         return None
     try:
         os.ftruncate(fd, SLOT_BYTES)
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, SLOT_BYTES)
         return mmap.mmap(fd, SLOT_BYTES)
+    except OSError:
+        _unlink(path)
+        return None
     finally:
         os.close(fd)
+
+
+_said_full = False  # the consumer's /dev/shm was found full: said once per process
+
+
+def consumer_slot(name: str, wid: int):
+    """The consumer's status slot for actor ``wid``, or None (one warning) when /dev/shm cannot
+    hold its page: the actor then keeps its own slot, as on another node."""
+    global _said_full
+    try:
+        segment = shm.create_status(name)
+    except shm.NoRoom as exc:
+        if not _said_full:
+            _said_full = True
+            warnings.warn(f"{exc.shortage.text(f'the status slot of Ray actor {wid}')}: actors on this node keep "
+                          "their status in a slot of their own instead, or none where that does not fit either (a "
+                          f"death there then charges no sample). To keep it, {shm.FIXES}.", RuntimeWarning,
+                          stacklevel=2)
+        return None
+    shm.status_cells(segment)[0] = -1  # idle until the actor writes it
+    return segment
 
 
 def _unlink(path: str) -> None:
@@ -176,7 +210,7 @@ class _Actor:
 
     def __init__(self, wid: int, handle, segment, pool: "RayPool"):
         self.wid, self.handle, self.segment, self._pool = wid, handle, segment, pool
-        self.cells = shm.status_cells(segment)
+        self.cells = None if segment is None else shm.status_cells(segment)  # None: /dev/shm was full
         self.outstanding: OrderedDict[int, BatchTask] = OrderedDict()
         self.pending: dict = {}  # ObjectRef of a run call -> its task id
         self.polled: tuple | None = None  # last status() answer: (task_id, position, seconds)
@@ -223,7 +257,8 @@ class _Actor:
             _kill(self.handle)
         self.pending.clear()
         self.cells = None  # drop the view before closing the segment
-        shm.release(self.segment)
+        if self.segment is not None:
+            shm.release(self.segment)
 
 
 def connect() -> str:
@@ -263,15 +298,16 @@ class RayPool(WorkerPool):
 
     # -- actors -------------------------------------------------------------------------
     def _new_worker(self, wid: int) -> _Actor:
-        segment = shm.create_status(f"{self.token}r{wid}")
-        shm.status_cells(segment)[0] = -1  # idle until the actor writes it
+        segment = consumer_slot(f"{self.token}r{wid}", wid) if self.share_status else None
+        shared = "" if segment is None else segment.name
         try:
             handle = BatchActor.options(
                 name=f"{ACTOR_PREFIX}{self.token}-{wid}", max_concurrency=1, **ACTOR_OPTIONS,
                 max_restarts=0, max_task_retries=0,  # the scheduler decides what a lost task becomes
-            ).remote(self._ctx_ref, segment.name if self.share_status else "", self.node_id, f"{self._own_slots}{wid}")
+            ).remote(self._ctx_ref, shared, self.node_id, f"{self._own_slots}{wid}")
         except BaseException:
-            shm.release(segment)
+            if segment is not None:
+                shm.release(segment)
             raise
         return _Actor(wid, handle, segment, self)
 

@@ -9,7 +9,8 @@ priority as the workers.
 Guarantees:
 
 * what each worker sends reaches the pool's outbox in order, as ``("done", wid, result)``
-  with the batch already copied out of its slot; a worker's end (its pipe closing, its
+  with the batch already copied out of its slot (or as it came, by pipe), preceded by
+  ``("short", wid, shm.Shortage)`` when shared memory had no room for its slot; a worker's end (its pipe closing, its
   process exiting) as one ``("died", wid, detail)``; a failure of this thread itself as
   ``("crashed", -1, traceback)``, so the consumer never waits on a thread that is gone;
 * it reads its own duplicates of each worker's pipe and process sentinel: the consumer
@@ -85,7 +86,10 @@ class ResultReceiver:
         pipe = self._watching[wid][0]
         try:
             while pipe.poll():
-                self._outbox.put(("done", wid, self._copy_out(pipe.recv())))
+                shipped = pipe.recv()
+                if shipped.shortage is not None:  # before its batch: the pool decides what follows first
+                    self._outbox.put(("short", wid, shipped.shortage))
+                self._outbox.put(("done", wid, self._copy_out(shipped)))
         except (EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:  # a slot gone too: the worker was lost
             self._end(wid, f"worker pipe closed ({type(exc).__name__})")
 

@@ -1,7 +1,9 @@
 """Runs one epoch's plan on a pool and hands back batches strictly in plan order.
 
 Bounded: at most ``prefetch`` batches are submitted, running or finished-but-not-yet-
-taken at any time, so memory stays bounded however slow the consumer is.
+taken at any time, so memory stays bounded however slow the consumer is; a
+:class:`ByteBudget` (``max_inflight_bytes``) bounds their bytes as well, for batches whose
+size varies.
 
 Fault handling lives here, in one place: when a worker is lost, the sample it was
 on is charged one attempt (and fails for good past ``retries``), and every task the
@@ -48,10 +50,46 @@ class _Batch:
     lost: bool = False  # a worker holding it was lost: it stays with the workers
 
 
+def batch_bytes(arrays: dict | None) -> int:
+    return 0 if arrays is None else sum(int(a.nbytes) for a in arrays.values())
+
+
+class ByteBudget:
+    """``max_inflight_bytes``: whether one more batch may join the window (planned, being made
+    or ready), by bytes. Ready batches count as what they hold; the others, whose size is not
+    known yet, each as the largest batch made so far (learnt from results, kept across epochs).
+
+    Guarantees: the window is never left empty (a batch larger than the limit is still made,
+    alone), so nothing waits forever; until a first batch has been measured, batches are made
+    one at a time; once the largest batch has been seen, the bytes of the window stay within
+    ``limit`` (or one batch). A batch larger than every batch before can exceed its share by
+    its excess, once. ``limit=None``: no bound."""
+
+    def __init__(self, limit: int | None = None):
+        self.limit = limit
+        self.largest: int | None = None
+
+    def learn(self, nbytes: int) -> bool:
+        """Record a batch made; True when it is the first measured (the window may grow now)."""
+        first = self.largest is None and nbytes > 0
+        if nbytes > 0:
+            self.largest = max(self.largest or 0, nbytes)
+        return first
+
+    def admits(self, window_empty: bool, ready_bytes: int, not_ready: int) -> bool:
+        if self.limit is None or window_empty:
+            return True
+        if self.largest is None:
+            return False
+        return ready_bytes + (not_ready + 1) * self.largest <= self.limit
+
+
 class EpochRun:
     def __init__(self, pool: Pool, plan: list[BatchSpec], *, epoch: int, start: int, prefetch: int, retries: int,
-                 stop_on_failure: bool, task_ids: itertools.count, max_blameless_deaths: int, stats, handoff):
+                 stop_on_failure: bool, task_ids: itertools.count, max_blameless_deaths: int, stats, handoff,
+                 budget: ByteBudget | None = None):
         self.pool, self.plan, self.epoch = pool, plan, epoch
+        self.budget = budget if budget is not None else ByteBudget()
         self.handoff = handoff
         self.prefetch, self.retries, self.stop_on_failure = prefetch, retries, stop_on_failure
         self.task_ids = task_ids
@@ -125,8 +163,17 @@ class EpochRun:
             batch.task = replace(batch.task, task_id=task_id, shm_name=None)
         return batch
 
+    def _admits(self) -> bool:
+        """Room in the window for one more batch: by count (prefetch) and by bytes (the budget)."""
+        if self.next_to_plan >= len(self.plan) or self.next_to_plan - self.next_to_yield >= self.prefetch:
+            return False
+        if self.budget.limit is None:
+            return True
+        ready_bytes = sum(batch_bytes(outcome.arrays) for outcome in self.ready.values())
+        return self.budget.admits(not self.batches, ready_bytes, len(self.batches) - len(self.ready))
+
     def _fill_window(self) -> None:
-        while self.next_to_plan < len(self.plan) and self.next_to_plan - self.next_to_yield < self.prefetch:
+        while self._admits():
             index = self.next_to_plan
             spec = self.plan[index]
             self.batches[index] = _Batch(spec)
@@ -147,6 +194,8 @@ class EpochRun:
             failures = sorted([*result.failures, *batch.lost_failures], key=lambda f: f.position)
             self.ready[result.batch_index] = Outcome(batch.spec, result.arrays, failures, result.timings,
                                                      result.disagreement)
+            if self.budget.learn(batch_bytes(result.arrays)):
+                self._fill_window()  # the first size known: the window may hold more than one batch now
         else:
             self._handle_lost(event)
 

@@ -11,14 +11,27 @@ size and re-attaches.
 
 Because the consumer knows every slot name, it unlinks them all when a worker stops
 or dies: no segment outlives the loader.
+
+A segment's pages are reserved when it is made (``reserve``): shared memory is a tmpfs
+(Docker gives containers 64 MB by default), and a page that cannot be backed when first
+written kills the writer with SIGBUS. Reserved up front, a shared memory too small for a
+slot is a :class:`NoRoom` before any byte is written; the worker then makes that batch in
+its own memory and it travels through the pipe instead, and the consumer decides what
+follows (``pool.ProcessPool``: fall back to pipes, or raise).
 """
 from __future__ import annotations
 
+import errno
 import os
+import sys
 import threading
+from dataclasses import dataclass, replace
 from multiprocessing import shared_memory
 
 import numpy as np
+
+from ..units import exact_bytes, human_bytes
+from .task import BatchResult, ShippedResult
 
 try:
     # Private: multiprocessing.shared_memory's own POSIX binding, the only way to unlink a
@@ -30,6 +43,64 @@ except ImportError:  # Windows: a segment goes away with its last handle, nothin
 
 PREFIX = "sf"
 _ALIGN = 64
+PLACE = "/dev/shm" if sys.platform.startswith("linux") else "shared memory"  # where shm_open's segments live
+_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+FIXES = ("give the machine more shared memory (Docker: docker run --shm-size=2g ...; Kubernetes: an emptyDir "
+         "volume with medium: Memory mounted at /dev/shm), make batches smaller (batch_size), or use mode='thread'")
+
+
+@dataclass(frozen=True)
+class Shortage:
+    """Shared memory had ``free`` bytes (of ``total``) when a segment needed ``needed``."""
+
+    needed: int
+    free: int
+    total: int
+
+    def text(self, what: str) -> str:
+        return (f"{PLACE} has {human_bytes(self.free)} free (of {human_bytes(self.total)}) but {what} needs "
+                f"{exact_bytes(self.needed)}")
+
+
+class NoRoom(OSError):
+    """Raised where a segment is made, before any byte is written: shared memory cannot hold it."""
+
+    def __init__(self, shortage: Shortage):
+        super().__init__(errno.ENOSPC, shortage.text("a segment"))
+        self.shortage = shortage
+
+
+def reserve(name: str, size: int) -> None:
+    """Back every page of segment ``name`` (``size`` bytes) now, or raise :class:`NoRoom`.
+
+    ``posix_fallocate`` on a tmpfs allocates the pages (and undoes a partial allocation when it
+    fails), so a later write can no longer find a page missing: that write would be a SIGBUS.
+    Where segments cannot be reserved (no ``posix_fallocate``, as on macOS, or a filesystem
+    that refuses it), pages are backed as they are written, as shared memory always is."""
+    if _posixshmem is None or not hasattr(os, "posix_fallocate"):
+        return
+    fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in _FULL:
+            st = os.fstatvfs(fd)
+            raise NoRoom(Shortage(size, st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize)) from None
+    finally:
+        os.close(fd)
+
+
+def create_reserved(name: str, size: int) -> shared_memory.SharedMemory:
+    """A new segment ``name`` of ``size`` bytes with its pages reserved (``reserve``), or NoRoom
+    with nothing left behind."""
+    segment = shared_memory.SharedMemory(name=name, create=True, size=size)
+    try:
+        reserve(segment.name.lstrip("/"), size)
+    except BaseException:
+        segment.close()
+        segment.unlink()
+        raise
+    return segment
 
 
 def slot_name(owner_token: str, worker_id: int, slot: int) -> str:
@@ -57,33 +128,52 @@ def _views(segment: shared_memory.SharedMemory, layout: list) -> dict[str, np.nd
             for key, dtype, shape, offset in layout}
 
 
+class SlotAllocator:
+    """An ``allocate(specs)`` for run_batch that places the batch in slot ``name``, or, when
+    shared memory has no room for the slot, in the worker's own memory (the batch then travels
+    in the result through the pipe, and ``shortage`` says why). ``ship`` makes the message."""
+
+    def __init__(self, slots: "WorkerSlots", name: str):
+        self._slots, self.name = slots, name
+        self.layout: list | None = None
+        self.shortage: Shortage | None = None
+
+    def __call__(self, specs: dict) -> dict:
+        layout, size = layout_of(specs)
+        try:
+            segment = self._slots.segment(self.name, size)
+        except NoRoom as exc:
+            self.shortage = exc.shortage
+            return {key: np.empty(shape, dtype) for key, (shape, dtype) in specs.items()}
+        self.layout = layout
+        return _views(segment, layout)
+
+    def ship(self, result: BatchResult) -> ShippedResult:
+        """The message for ``result``, a result made with this allocator."""
+        if self.layout is None or result.arrays is None:  # no slot: the arrays, if any, go by pipe
+            return ShippedResult(result, None, None, self.shortage)
+        return ShippedResult(replace(result, arrays=None), self.layout, self.name)
+
+
 class WorkerSlots:
     """Worker side: the segments this worker writes batches into."""
 
     def __init__(self):
         self._segments: dict[str, shared_memory.SharedMemory] = {}
 
-    def allocator(self, name: str):
-        """An ``allocate(specs)`` for run_batch that places the batch in slot ``name``.
+    def allocator(self, name: str) -> SlotAllocator:
+        return SlotAllocator(self, name)
 
-        It records the layout on itself (``allocate.layout``) for the result message.
-        """
-        def allocate(specs: dict) -> dict:
-            allocate.layout, size = layout_of(specs)
-            return _views(self._segment(name, size), allocate.layout)
-
-        allocate.layout = None
-        return allocate
-
-    def _segment(self, name: str, size: int) -> shared_memory.SharedMemory:
+    def segment(self, name: str, size: int) -> shared_memory.SharedMemory:
+        """Slot ``name``, at least ``size`` bytes (reserved); NoRoom when shared memory cannot hold it."""
         segment = self._segments.get(name)
         if segment is not None and segment.size >= size:
             return segment
         if segment is not None:  # too small: replace it under the same name
+            del self._segments[name]
             segment.close()
             segment.unlink()
-        segment = shared_memory.SharedMemory(name=name, create=True, size=max(size, 1))
-        self._segments[name] = segment
+        segment = self._segments[name] = create_reserved(name, max(size, 1))
         return segment
 
     def close(self) -> None:
@@ -146,7 +236,8 @@ def _end(layout: list) -> int:
 
 
 def create_status(name: str) -> shared_memory.SharedMemory:
-    return shared_memory.SharedMemory(name=f"{PREFIX}{name}", create=True, size=_ALIGN)
+    """A worker's status segment, reserved: the consumer writes it at once (NoRoom if it cannot)."""
+    return create_reserved(f"{PREFIX}{name}", _ALIGN)
 
 
 def attach_status(name: str) -> shared_memory.SharedMemory:

@@ -113,11 +113,14 @@ class BatchResult:
 @dataclass(frozen=True)
 class ShippedResult:
     """A process worker's result: the arrays stay in shared-memory slot ``shm_name`` at
-    ``layout`` (None: no arrays) until the consumer copies them out."""
+    ``layout`` until the consumer copies them out; with ``layout`` None they travel in
+    ``result`` itself (none, or a batch sent by pipe). ``shortage`` (a ``shm.Shortage``): shared
+    memory had no room for the slot, which is why this batch came by pipe."""
 
-    result: BatchResult  # with arrays=None
+    result: BatchResult  # with arrays=None when they are in the slot
     layout: list | None
     shm_name: str | None
+    shortage: Any = None
 
 
 class StatusSlot:

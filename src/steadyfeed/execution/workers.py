@@ -114,10 +114,11 @@ def _process_main(conn, status_name: str, ctx: WorkContext) -> None:
                 return
             if task is None:
                 return
+            if task.shm_name is None:  # batches go by pipe: made in this process's memory
+                conn.send(ShippedResult(portable(run_batch(task, ctx, status)), None, None))
+                continue
             allocate = slots.allocator(task.shm_name)
-            result = run_batch(task, ctx, status, allocate=allocate)
-            layout = allocate.layout if result.arrays is not None else None
-            conn.send(ShippedResult(replace(portable(result), arrays=None), layout, task.shm_name))
+            conn.send(allocate.ship(portable(run_batch(task, ctx, status, allocate=allocate))))
     finally:
         del status
         status_segment.close()
@@ -218,7 +219,7 @@ class ProcessWorker:
         if self.process.exitcode is None:
             self.process.join(EXIT_SECONDS)
         code = self.process.exitcode
-        return detail if code is None else f"worker process exited with code {code}"
+        return detail if code is None else f"worker process exited with code {code}{_signal_name(code)}"
 
     def signal_stop(self) -> None:
         try:
@@ -255,6 +256,14 @@ class ProcessWorker:
             self.status = StatusSlot([-1, -1, 0.0])  # drop the view before closing the segment
             shm.release(self._status_segment)
             self._status_segment = None
+
+
+def _signal_name(exitcode: int) -> str:
+    """`` (SIGKILL)`` for a process a signal ended (a negative exit code), else nothing."""
+    try:
+        return f" ({signal.Signals(-exitcode).name})" if exitcode < 0 else ""
+    except ValueError:
+        return ""
 
 
 def process_context():

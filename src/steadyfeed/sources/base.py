@@ -19,13 +19,22 @@ they travel to spawned worker processes and reopen there.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import threading
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
+
+try:
+    import resource  # imported now: with no descriptor left, an import could not open its file
+except ImportError:  # Windows
+    resource = None
 
 
 @runtime_checkable
@@ -152,44 +161,159 @@ def close_source(source: Any) -> None:
         fn()
 
 
+NO_FDS = frozenset({errno.EMFILE, errno.ENFILE})  # out of file descriptors
+
+
+def max_open_handles() -> int:
+    """How many handles one :class:`LazyHandles` keeps open: an eighth of this process's
+    file-descriptor limit (``ulimit -n``), from 4 to 128."""
+    return max(4, min(128, fd_limit()[0] // 8))
+
+
+def fd_limit() -> tuple[int, int]:
+    """This process's file-descriptor limit, (soft, hard); (1024, 1024) where it cannot be asked."""
+    if resource is None:
+        return 1024, 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return (soft if soft != resource.RLIM_INFINITY else 1 << 20), hard
+
+
+def fd_limit_note() -> str:
+    """Why a process ran out of file descriptors and what to do, for messages (EMFILE)."""
+    soft, hard = fd_limit()
+    try:
+        open_now = f", {len(os.listdir('/proc/self/fd')) - 1} are open now"
+    except OSError:
+        open_now = ""
+    held = sum(handles.open_count() for handles in list(_EVERY_HANDLES))
+    return (f"this process may open {soft} files at once (ulimit -n; hard limit {hard}){open_now}, {held} of them "
+            f"steadyfeed's cached file handles (at most {max_open_handles()} per source). Raise "
+            f"the limit (ulimit -n 4096 in the shell that starts training, or resource.setrlimit(resource."
+            f"RLIMIT_NOFILE, ...) before the loader starts), or hold fewer files open elsewhere")
+
+
+class _Held:
+    __slots__ = ("handle", "users")
+
+    def __init__(self, handle: Any):
+        self.handle, self.users = handle, 0
+
+
 class LazyHandles:
-    """File handles opened on first use, once per process, shared by that process's threads.
+    """File handles opened on first use, once per process, shared by that process's threads,
+    at most ``max_open`` of them kept open (least recently used closed first).
 
     A source keeps one of these instead of open files, so it pickles without handles
     (a handle inherited across processes shares its file offset and locks) and every
     worker process reopens what it needs. ``opener(key)`` opens one handle; handles
     must be safe to share between threads (e.g. read with ``os.pread``, or h5py,
-    which serializes its calls).
+    which serializes its calls). Reads take a handle for as long as they need it::
+
+        with self._handles.use(path) as fd:
+            data = os.pread(fd, size, offset)
+
+    A handle in use is never closed under its reader: the bound applies to idle handles, so
+    it can be exceeded by the handles in use at once (one per reading thread). A source over
+    10,000 files thus holds ``max_open`` descriptors (default :func:`max_open_handles`, from
+    the process's limit), not 10,000. When the process has no descriptor left (EMFILE), every
+    ``LazyHandles`` of the process closes its idle handles and the open is tried once more;
+    failing again, it raises an OSError (EMFILE) that names the file and the limit.
     """
 
-    def __init__(self, opener: Callable[[Any], Any], closer: Callable[[Any], None] | None = None):
+    def __init__(self, opener: Callable[[Any], Any], closer: Callable[[Any], None] | None = None,
+                 max_open: int | None = None):
         self._opener, self._closer = opener, closer or _close_handle  # module-level: it must pickle
-        self._handles: dict = {}
+        self._max_open = max_open
+        self.max_open = max_open if max_open is not None else max_open_handles()
+        self._held: OrderedDict = OrderedDict()  # key -> _Held, least recently used first
         self._pid = os.getpid()
         self._lock = threading.Lock()
+        _EVERY_HANDLES.add(self)
 
-    def get(self, key: Any = None) -> Any:
-        if self._pid != os.getpid():  # a forked copy: never use the parent's handles
-            self._handles, self._pid, self._lock = {}, os.getpid(), threading.Lock()
-        handle = self._handles.get(key)
-        if handle is None:
+    @contextlib.contextmanager
+    def use(self, key: Any = None) -> Iterator[Any]:
+        """The handle for ``key``, open for the block (opened now if it is not open)."""
+        held = self._acquire(key)
+        try:
+            yield held.handle
+        finally:
             with self._lock:
-                handle = self._handles.get(key)
-                if handle is None:
-                    handle = self._handles[key] = self._opener(key)
-        return handle
+                held.users -= 1
+            self._trim(self.max_open)
+
+    def _acquire(self, key: Any) -> _Held:
+        if self._pid != os.getpid():  # a forked copy: never use the parent's handles
+            self._held, self._pid, self._lock = OrderedDict(), os.getpid(), threading.Lock()
+        held = self._take(key)
+        if held is None:
+            handle = self._open(key)  # outside the lock: a slow open never holds up other readers
+            with self._lock:
+                held = self._held.get(key)
+                if held is None:
+                    held, handle = self._held.setdefault(key, _Held(handle)), None
+                held.users += 1
+            if handle is not None:  # another thread opened it meanwhile: keep one
+                self._closer(handle)
+        self._trim(self.max_open)
+        return held
+
+    def _take(self, key: Any) -> _Held | None:
+        with self._lock:
+            held = self._held.get(key)
+            if held is not None:
+                held.users += 1
+                self._held.move_to_end(key)
+            return held
+
+    def _open(self, key: Any) -> Any:
+        try:
+            return self._opener(key)
+        except OSError as exc:
+            if exc.errno not in NO_FDS:
+                raise
+        for handles in list(_EVERY_HANDLES):  # out of descriptors: give back every idle one, try again
+            handles._trim(0)
+        try:
+            return self._opener(key)
+        except OSError as exc:
+            if exc.errno not in NO_FDS:
+                raise
+            raise OSError(exc.errno, f"cannot open {_describe(key)}: {exc.strerror}: {fd_limit_note()}") from exc
+
+    def _trim(self, keep: int) -> None:
+        """Close idle handles, least recently used first, until at most ``keep`` remain open."""
+        with self._lock:
+            idle = [key for key, held in self._held.items() if held.users == 0]
+            closing = [self._held.pop(key).handle for key in idle[:max(0, len(self._held) - keep)]]
+        for handle in closing:
+            self._closer(handle)
+
+    def open_count(self) -> int:
+        return len(self._held)
 
     def close(self) -> None:
         with self._lock:
-            handles, self._handles = self._handles, {}
-        for handle in handles.values():
-            self._closer(handle)
+            held, self._held = self._held, OrderedDict()
+        for entry in held.values():
+            self._closer(entry.handle)
 
     def __getstate__(self) -> dict:
-        return {"_opener": self._opener, "_closer": self._closer}
+        return {"_opener": self._opener, "_closer": self._closer, "_max_open": self._max_open}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["_opener"], state["_closer"])
+        self.__init__(state["_opener"], state["_closer"], state.get("_max_open"))
+
+
+_EVERY_HANDLES: "weakref.WeakSet[LazyHandles]" = weakref.WeakSet()  # what an EMFILE may close
+
+
+def _describe(key: Any) -> str:
+    """A handle's key as a message names it: the file, where the key holds one."""
+    for part in key if isinstance(key, tuple) else (key,):
+        name = getattr(part, "filename", part)
+        if isinstance(name, (str, os.PathLike)):
+            return os.fspath(name)
+    return repr(key)
 
 
 def _close_handle(handle: Any) -> None:

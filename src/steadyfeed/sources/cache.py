@@ -241,7 +241,12 @@ class DiskCache(_Cache):
       run code nor serve damaged data (a deliberately forged file with a valid checksum
       can serve wrong data, like any forged data file);
     * a file that cannot be written (disk full, read-only) leaves the sample served
-      uncached, with one ``RuntimeWarning`` per process and ``stats()["write_errors"]``.
+      uncached, with one ``RuntimeWarning`` per process and ``stats()["write_errors"]``; the
+      bytes of a file are reserved before any is written, so a full disk leaves no partial
+      file (nor its temporary one) and the warning names the file and the bytes it needed;
+    * a ``directory`` that cannot be written at all (read-only, full, not creatable) warns
+      once when the cache is made: the samples already cached there are served, the others
+      come from the source, uncached (counted in ``write_errors``), and training goes on.
 
     A file holds a short JSON header then each array in ``.npy`` format (see ``_encode``).
     A temporary file of a writer killed mid-write (``.*.tmp``) stays until its
@@ -249,6 +254,7 @@ class DiskCache(_Cache):
     """
 
     _PER_PROCESS = _Cache._PER_PROCESS + ("_corrupt", "_write_errors")
+    unwritable: str | None = None  # why the directory cannot take new files, when it cannot
 
     def __init__(self, source: Any, directory: str | os.PathLike, *, key: str | None = None):
         super().__init__(source)
@@ -258,9 +264,15 @@ class DiskCache(_Cache):
         digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:24]
         self.root = os.path.abspath(os.fspath(directory))
         self.path = os.path.join(self.root, digest)
-        os.makedirs(self.path, exist_ok=True)
-        if not os.path.exists(os.path.join(self.path, MARKER)):
-            atomic_write(os.path.join(self.path, MARKER), json.dumps(identity, indent=1).encode(), fsync=False)
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            if not os.path.exists(os.path.join(self.path, MARKER)):
+                atomic_write(os.path.join(self.path, MARKER), json.dumps(identity, indent=1).encode(), fsync=False)
+        except OSError as exc:  # read-only, full: serve what is there, read the rest from the source
+            self.unwritable = str(exc)
+            warnings.warn(f"DiskCache cannot write to {self.path} ({exc}); samples cached there already are "
+                          "served, the others come from the source uncached (stats()['write_errors'] counts "
+                          "them)", RuntimeWarning, stacklevel=2)
 
     def _init_state(self) -> None:
         super()._init_state()
@@ -285,15 +297,19 @@ class DiskCache(_Cache):
             return None
 
     def _put(self, i: int, sample: dict[str, np.ndarray]) -> None:
-        try:
-            atomic_write(self._file(i), _encode(sample, i), fsync=False)
-        except OSError as exc:
-            with self._lock:
-                self._write_errors += 1
-                first = self._write_errors == 1
-            if first:  # once per process: a full disk would otherwise warn on every sample
-                warnings.warn(f"DiskCache cannot write to {self.path} ({exc}); samples are served from the "
-                              "source uncached (stats()['write_errors'] counts them)", RuntimeWarning, stacklevel=4)
+        failed = None
+        if self.unwritable is None:
+            try:
+                atomic_write(self._file(i), _encode(sample, i), fsync=False)
+                return
+            except OSError as exc:
+                failed = exc
+        with self._lock:
+            self._write_errors += 1
+            first = self._write_errors == 1 and failed is not None  # an unwritable directory was said already
+        if first:  # once per process: a full disk would otherwise warn on every sample
+            warnings.warn(f"DiskCache cannot write to {self.path} ({failed}); samples are served from the "
+                          "source uncached (stats()['write_errors'] counts them)", RuntimeWarning, stacklevel=4)
 
     def prune(self) -> list[str]:
         """Delete the cache subdirectories of ``directory`` other than this one (older

@@ -485,7 +485,8 @@ class CsvSource:
         if not 0 < end - start <= rows * self.dialect.max_row_bytes:  # never trust a span blindly
             raise DataError(f"{self.locate(i)}: the index gives a span of {end - start} bytes for {rows} row(s), "
                             f"expected 1..{rows} x max_row_bytes; the index file {self._cache} is corrupt")
-        data = os.pread(self._handles.get(), end - start, start)
+        with self._handles.use() as fd:
+            data = os.pread(fd, end - start, start)
         if len(data) != end - start:
             raise DataError(f"{self.locate(i)}: expected {end - start} bytes at offset {start}, found {len(data)}; "
                             f"the file is shorter than its index")

@@ -70,9 +70,9 @@ class Hdf5Source:
         self.swmr = bool(swmr)
         self._handles = LazyHandles(functools.partial(_open, self.path, tuple(self.keys.items()), self.swmr), _close)
         try:
-            datasets = self._handles.get().datasets
-            self._rows = {name: (ds.shape[1:], ds.dtype) for name, ds in datasets.items()}
-            self._len = self._checked_length({name: ds.shape[0] for name, ds in datasets.items()})
+            with self._handles.use() as handle:
+                self._rows = {name: (ds.shape[1:], ds.dtype) for name, ds in handle.datasets.items()}
+                self._len = self._checked_length({name: ds.shape[0] for name, ds in handle.datasets.items()})
         finally:
             self._handles.close()  # validation only: readers open their own handle on first use
 
@@ -93,8 +93,8 @@ class Hdf5Source:
         ids = self._checked_ids(ids)
         increasing = len(ids) < 2 or bool((ids[1:] > ids[:-1]).all())
         unique, inverse = (ids, None) if increasing else np.unique(ids, return_inverse=True)
-        handle = self._handles.get()
-        columns = {name: self._read_rows(name, handle, unique) for name in self.keys}
+        with self._handles.use() as handle:
+            columns = {name: self._read_rows(name, handle, unique) for name in self.keys}
         if inverse is not None:  # shuffled or repeated: back to the requested order
             columns = {name: col[inverse] for name, col in columns.items()}
         return columns

@@ -13,7 +13,9 @@ Guarantees:
   asked for; a missing, unreadable, truncated, foreign or stale file gives None, never an
   exception;
 * :func:`save` replaces the file atomically (``files.atomic_file``), so concurrent
-  builders and readers never see half of one;
+  builders and readers never see half of one, and reserves its bytes first: a full disk
+  is a ``DiskFull`` naming the file and the bytes (callers warn and go on without the
+  cache, ``warn_unsaved``), never a torn index;
 * nothing is ever unpickled (``allow_pickle=False``).
 """
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..files import atomic_file
 
 SUFFIX = ".sfidx.npy"
 MAGIC = 0x5346_4944_58  # "SFIDX": the first stamp word, so another .npy never passes for an index
+NPY_HEADER_BYTES = 128  # what np.save writes before an int64 array's data, at most (a bound to reserve)
 
 
 def cache_path(path: str, cache_dir: str | os.PathLike | None = None, suffix: str = SUFFIX) -> str:
@@ -50,8 +53,9 @@ def save(target: str, stamp: tuple[int, ...], payload: np.ndarray) -> None:
     """Write ``stamp`` and the int64 ``payload`` (1-D, or rows of a fixed width) to ``target``,
     atomically, creating its directory. Raises OSError when that is not possible."""
     payload = np.asarray(payload, dtype=np.int64)
-    with atomic_file(target, fsync=False) as f:
-        np.save(f, np.concatenate([_header(stamp, payload.shape[1:]), payload]))
+    rows = np.concatenate([_header(stamp, payload.shape[1:]), payload])
+    with atomic_file(target, fsync=False, size=rows.nbytes + NPY_HEADER_BYTES) as f:
+        np.save(f, rows)
 
 
 def load(target: str, stamp: tuple[int, ...], *, mmap: bool = False) -> np.ndarray | None:

@@ -354,7 +354,11 @@ class NpyArray:
         return self._len
 
     def _blocks(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        return {name: self._handles.get(f).read(rows) for name, f in self.files.items()}
+        blocks = {}
+        for name, f in self.files.items():
+            with self._handles.use(f) as rows_file:
+                blocks[name] = rows_file.read(rows)
+        return blocks
 
     def __getitem__(self, i: int) -> dict:
         if not 0 <= i < self._len:

@@ -255,11 +255,12 @@ class ParquetSource:
     def read_row_group(self, g: int) -> _Group:
         """Row group ``g`` (numbered across all files) decoded, bypassing the cache."""
         f, number = self._groups[g]
-        handle = self._handles.get((self.paths[f], threading.get_ident()))
-        try:
-            table = handle.read_row_group(number, columns=list(self._columns), use_threads=False)
-        except Exception as exc:  # a corrupt page, a failed read: name the file and the group
-            raise DataError(f"{self.paths[f]} row group {number}: cannot be read ({type(exc).__name__}: {exc})") from exc
+        with self._handles.use((self.paths[f], threading.get_ident())) as handle:
+            try:
+                table = handle.read_row_group(number, columns=list(self._columns), use_threads=False)
+            except Exception as exc:  # a corrupt page, a failed read: name the file and the group
+                raise DataError(f"{self.paths[f]} row group {number}: cannot be read ({type(exc).__name__}: "
+                                f"{exc})") from exc
         return _Group(table, self._columns)
 
     def _group(self, g: int) -> _Group:

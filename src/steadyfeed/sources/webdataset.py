@@ -265,9 +265,9 @@ class WebDatasetSource:
     def members(self, i: int) -> dict[str, tuple[int, int]]:
         """Sample ``i``'s members: extension -> (data offset, size) in its shard."""
         shard, k = self._where(i)
-        fd = self._handles.get(shard.path)
         if k == len(shard.samples):
-            raise self._break_error(shard, fd)
+            with self._handles.use(shard.path) as fd:
+                raise self._break_error(shard, fd)
         key, first, count = shard.samples[k]
         found: dict[str, tuple[int, int]] = {}
         for m in range(first, first + count):
@@ -281,12 +281,12 @@ class WebDatasetSource:
     def __getitem__(self, i: int) -> dict:
         shard, _ = self._where(i)
         members = self.members(i)
-        fd = self._handles.get(shard.path)
         if self.keys is None:
             chosen = {ext: ext for ext in members}
         else:
             chosen = {key: self._pick(i, members, exts) for key, exts in self.keys.items()}
-        return {key: self._read(i, fd, ext, *members[ext]) for key, ext in chosen.items()}
+        with self._handles.use(shard.path) as fd:
+            return {key: self._read(i, fd, ext, *members[ext]) for key, ext in chosen.items()}
 
     def _pick(self, i: int, members: dict, exts: tuple) -> str:
         for ext in exts:

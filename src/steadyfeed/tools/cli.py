@@ -33,7 +33,10 @@ HELPS = {
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
     parser = argparse.ArgumentParser(prog="steadyfeed", description="Feed larger-than-memory data, correctly.")
+    parser.add_argument("--version", action="version", version=f"steadyfeed {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, help_text in HELPS.items():
         sub.add_parser(name, help=help_text, add_help=False)

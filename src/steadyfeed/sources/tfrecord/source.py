@@ -130,10 +130,10 @@ class TFRecordSource:
     def _data(self, f: int, r: int) -> bytes:
         """The data of record ``r`` of file ``f``, CRCs checked; the damage's error past the last good record."""
         index = self._files[f]
-        fd = self._handles.get(index.data_path)
-        if r == len(index.rows):
-            raise index.damage_error(fd)
-        return read_record(fd, index.name, r, index.rows.item(r, 0), index.rows.item(r, 1))
+        with self._handles.use(index.data_path) as fd:
+            if r == len(index.rows):
+                raise index.damage_error(fd)
+            return read_record(fd, index.name, r, index.rows.item(r, 0), index.rows.item(r, 1))
 
     def __getitem__(self, i: int) -> dict:
         f, r = self._record(i)
