@@ -222,6 +222,15 @@ def test_the_report_command_writes_the_page(page, tmp_path):
     assert "<title>from the CLI</title>" in text and 'id="quarantine"' in text
     # no source given: the suspects have no file, so no thumbnails; files still give theirs
     assert text.count('class="thumb"') == 4
+    # with data (SPEC after the flags, as before them), the suspects get their thumbnails from it
+    spec = tmp_path / "data.py"
+    spec.write_text("import numpy as np\nimport steadyfeed as sf\n\n"
+                    f"def train():\n    return sf.ArraySource(x=np.ones(({N}, {SIDE}, {SIDE}), np.float32))\n")
+    done = subprocess.run([sys.executable, "-m", "steadyfeed.tools.cli", "report", str(saved), "-o", str(out),
+                           f"{spec}:train"], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    shown = min(len(page["findings"]["label_noise"]["suspects"]), ReportOptions.rows)
+    assert out.read_text().count('class="thumb"') == shown + 4 + 3  # + quality's 4, pairs: a "train" side, 2 files
     bad = subprocess.run([sys.executable, "-m", "steadyfeed.tools.cli", "report", str(tmp_path / "none.json"),
                           "-o", str(out)], capture_output=True, text=True, timeout=240)
     assert bad.returncode == 2 and "none.json" in bad.stderr

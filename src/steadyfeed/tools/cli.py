@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"steadyfeed {argv[0]}", description=module.HELP,
                                      epilog=module.EXIT_CODES)
     module.add_arguments(parser)
-    return int(module.run(parser.parse_args(argv[1:])) or 0)
+    # a command of two positionals (report FINDINGS [SPEC]) takes them on either side of its flags
+    parse = parser.parse_intermixed_args if getattr(module, "INTERMIXED", False) else parser.parse_args
+    return int(module.run(parse(argv[1:])) or 0)
 
 
 if __name__ == "__main__":

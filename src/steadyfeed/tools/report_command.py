@@ -19,6 +19,7 @@ from ..diagnostics.report import ReportOptions, write
 from .spec import LOADER_FLAGS, SpecError, add_spec_arguments, describe, loader_from_args, loader_from_spec, usage_error
 
 HELP = "write one self-contained HTML page of findings: mislabels, image quality, duplicates, quarantine"
+INTERMIXED = True  # FINDINGS.json and SPEC on either side of the flags
 EXIT_CODES = ("exit codes: 0 written; 1 the page could not be written (the error says why; nothing is left at "
               "OUT.html); 2 a usage error (unreadable FINDINGS, bad flags or SPEC)")
 
