@@ -5,10 +5,10 @@
     model.fit(train.as_keras(), epochs=10, callbacks=[monitor])
     findings = monitor.findings()          # {"suspects": [...], "noise_rate": {...}, ...}
 
-What it does, per trained step: it takes the batch Keras just trained on from the dataset's own
-queue of taken batches (``KerasDataset.follow``: the same arrays, in the order Keras took them,
-so the ids are exactly those of the trained rows, also under ``tf.data`` prefetch and
-``steps_per_execution``), runs the model on the batch's inputs once more
+What it does, per trained step: it takes the batches Keras trained from the dataset's own queue
+of taken batches (``KerasDataset.follow``: the same arrays, in the order Keras took them, so the
+ids are exactly those of the trained rows, also under ``tf.data`` prefetch and
+``steps_per_execution``) when the next step begins (and the last ones at the epoch's end), runs the model on the batch's inputs once more
 (``model.predict_on_batch``: inference mode, no dropout, no state or random draw of training;
 ``every`` trained batches at a time, in one call), and hands ids, outputs and given labels to a
 :class:`~steadyfeed.diagnostics.label_noise.LabelNoiseRecorder`. Pad rows are left out.
@@ -23,7 +23,13 @@ those of weights updated on that row's batch: a sample's margin is measured 1 to
 steps after it was trained on, where the paper takes the training pass's own; over epochs the
 ranking is the same idea). A forward pass is about a third of a training step (no backward
 pass, no optimizer update), plus Keras's fixed cost per ``predict_on_batch`` call, paid once per
-``every`` batches; ``seconds`` holds the time the callback took, measured.
+``every`` batches; ``seconds`` holds the time the callback took, measured. It has no
+``on_train_batch_end``, which would make Keras wait for each step's logs (Keras dispatches
+batch-end callbacks asynchronously only when none defines one).
+
+Where a Keras epoch is not one pass (Keras's own ``fit(steps_per_epoch=)``, or
+``stop_training``) on TensorFlow, batches ``tf.data`` prefetched but not yet trained are recorded
+at the epoch's end, with those weights, one epoch early; every batch is still recorded once.
 ``docs/benchmarks.md`` (``bench_quality.py``) gives the measured share of a fit's time.
 
 Wrapping ``train_step`` to take the outputs of the training forward pass itself would cost
@@ -88,27 +94,35 @@ class LabelNoiseMonitor(_LoaderCallback):
         super().on_epoch_begin(epoch, logs)
         self._trained_steps = 0
 
-    def on_train_batch_end(self, batch, logs=None):
+    # No on_train_batch_end: a callback that has one makes Keras wait for every step's logs
+    # (it turns off Keras's asynchronous batch-end dispatch). When step ``batch`` begins, the
+    # batches of the steps before it are trained: those are taken from the queue then.
+    def on_train_batch_begin(self, batch, logs=None):
         t0 = time.perf_counter()
-        steps, self._trained_steps = batch + 1 - self._trained_steps, batch + 1  # steps_per_execution
-        for _ in range(steps):
-            if self._queue:
-                self._pending.append(_real_rows(self._queue.popleft()[1]))
+        self._take(batch - self._trained_steps)
+        self._trained_steps = batch
         if len(self._pending) >= self.every:
             self._flush()
         self.seconds += time.perf_counter() - t0
 
     def on_epoch_end(self, epoch, logs=None):
+        # the epoch's last steps are trained now: everything Keras took for this pass is
         t0 = time.perf_counter()
+        self._take(len(self._queue or ()))
         self._flush()
         self.seconds += time.perf_counter() - t0
 
     def on_train_end(self, logs=None):
-        self._flush()  # a fit stopped mid-epoch (stop_training, steps)
+        self._take(len(self._queue or ()))  # a fit stopped mid-epoch (stop_training, an error)
+        self._flush()
         dataset = self._dataset()
         if self._queue is not None:
             dataset.unfollow(self._queue)
             self._queue = None
+
+    def _take(self, count: int) -> None:
+        for _ in range(min(count, len(self._queue or ()))):
+            self._pending.append(_real_rows(self._queue.popleft()[1]))
 
     def findings(self, options: NoiseOptions = NoiseOptions()) -> dict:
         """The ``label_noise`` findings of what was recorded (``LabelNoiseRecorder.findings``)."""
