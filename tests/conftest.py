@@ -44,7 +44,7 @@ def no_leaks():
     """After the test: no worker process, worker thread, shared-memory segment or extra fd remains."""
     before = snapshot()
     yield
-    deadline = time.monotonic() + 20  # a grace period for a loaded machine, left as soon as it holds
+    deadline = time.monotonic() + 60  # a grace period for a loaded machine (workers run niced), left as soon as it holds
     while True:
         after = snapshot()
         clean = (not after["children"] and not after["threads"] and not after["segments"]

@@ -60,7 +60,8 @@ def test_good_loader_passes_every_check_at_the_default_settings(capsys, no_leaks
 def test_json_report_is_stable_and_complete(capsys, no_leaks):
     code, report = audit_json(capsys, spec("good"), *THREADS, "--epochs", "1")
     assert code == 0
-    assert set(report) == {"format", "passed", "target", "samples", "epochs", "settings", "loader", "checks"}
+    assert set(report) == {"format", "passed", "target", "samples", "epochs", "settings", "loader", "checks",
+                           "findings"}
     assert (report["format"], report["passed"], report["samples"]) == ("steadyfeed.audit/1", True, 96)
     once = [c for c in report["checks"] if c["name"] == "exactly_once"]
     assert [(c["setting"], c["epoch"]) for c in once] == [("workers=0", 0), ("workers=2 thread", 0)]

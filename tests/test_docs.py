@@ -193,11 +193,12 @@ def test_every_test_the_pages_name_exists():
             assert (ROOT / path).exists(), f"{page.relative_to(ROOT)} names {path}, which does not exist"
 
 
-def test_the_install_page_lists_every_extra():
+@pytest.mark.parametrize("page", ["docs/getting-started/install.md", "README.md"])
+def test_the_install_tables_list_every_extra(page):
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    listed = re.findall(r"^\| `(\w+)` \|", (DOCS / "getting-started" / "install.md").read_text(), re.M)
-    assert sorted(listed) == sorted(extras), f"install.md lists {sorted(listed)}, pyproject.toml has {sorted(extras)}"
+    listed = re.findall(r"^\| `(\w+)` \|", (ROOT / page).read_text(), re.M)
+    assert sorted(listed) == sorted(extras), f"{page} lists {sorted(listed)}, pyproject.toml has {sorted(extras)}"
 
 
 # -- the site builds, and every example runs ------------------------------------------------

@@ -302,12 +302,15 @@ def test_exception_in_the_training_loop_cleans_up(workers, mode, no_leaks):
                     raise KeyboardInterrupt
 
 
+@pytest.mark.parametrize("delay", [0.01, 0.1, 0.8])  # while starting workers, at the first batches, later
 @pytest.mark.parametrize("workers,mode", MODES)
-def test_real_sigint_while_waiting_for_a_batch(workers, mode, marker_dir, no_leaks):
+def test_real_sigint_at_any_moment_leaves_nothing(workers, mode, delay, marker_dir, no_leaks):
+    # the epoch takes 5 s of sleeps at the least: the Ctrl-C always lands inside it, wherever the
+    # loader is by then on a loaded machine (a thread interrupted inside start() once leaked)
     src = FaultySource(200, marker_dir=marker_dir, slow=0.05)
-    timer = threading.Timer(0.8, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
+    timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
     with pytest.raises(KeyboardInterrupt):
+        timer.start()  # inside the raises block, so no Ctrl-C can reach pytest itself
         with Loader(src, 8, workers=workers, mode=mode) as loader:
             for _ in loader:
                 pass

@@ -1,5 +1,7 @@
 """steadyfeed: feed larger-than-memory data to Keras 3 through concurrent workers,
 exactly once, reproducibly, and never silently or stuck."""
+from typing import TYPE_CHECKING, Any
+
 from .config import ExecutionOptions, FailureOptions, LoaderConfig, ReadOptions, ShardOptions
 from .errors import (
     CollateError, DataError, DiskFull, NoSpace, RayClusterLost, SampleError, SampleTimeout, SharedMemoryFull,
@@ -14,9 +16,15 @@ from .sources import ArraySource, CsvSource, DiskCache, MemoryCache, Mixture, Np
 
 from . import sources as _sources
 
+if TYPE_CHECKING:  # the optional sources as type checkers see them; at run time __getattr__ imports them
+    from .sources.hdf5 import Hdf5Source
+    from .sources.images import ImageFolder, decode_image
+    from .sources.parquet import ParquetSource
+    from .sources.webdataset import WebDatasetSource
+
 __version__ = "0.1.0"
 
-__all__ = [
+__all__ = [  # sorted (tests/test_typing.py); the optional sources too (sources.OPTIONAL)
     "ArraySource",
     "Checked",
     "CollateError",
@@ -26,6 +34,8 @@ __all__ = [
     "DiskFull",
     "ExecutionOptions",
     "FailureOptions",
+    "Hdf5Source",
+    "ImageFolder",
     "Loader",
     "LoaderConfig",
     "MemoryCache",
@@ -33,6 +43,7 @@ __all__ = [
     "NpyArray",
     "NoSpace",
     "NpyPairs",
+    "ParquetSource",
     "RayClusterLost",
     "ReadOptions",
     "SampleError",
@@ -44,17 +55,18 @@ __all__ = [
     "SteadyfeedError",
     "TFRecordSource",
     "TooManyErrors",
+    "WebDatasetSource",
     "WeightedSampler",
     "WorkerDied",
+    "decode_image",
     "merge_states",
     "pack",
     "sample_rng",
     "serialized",
-    *_sources.OPTIONAL,
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _sources.OPTIONAL:  # optional-dependency sources load on first use
         return getattr(_sources, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -46,8 +46,18 @@ def _documented(cls: type) -> type:
     """Append each field's documentation to the class docstring, so ``help()`` shows it."""
     lines = [f"    {f.name} (default {f.default!r}): {f.metadata['doc']}" if f.default is not dataclasses.MISSING
              else f"    {f.name} (required): {f.metadata['doc']}" for f in dataclasses.fields(cls)]
-    cls.__doc__ = f"{cls.__doc__.rstrip()}\n\n    Fields:\n\n" + "\n".join(lines) + "\n"
+    cls.__doc__ = f"{(cls.__doc__ or '').rstrip()}\n\n    Fields:\n\n" + "\n".join(lines) + "\n"
     return cls
+
+
+def _id_tuple(ids: Any) -> tuple[int, ...]:
+    """Sample ids (any iterable of integers) as a tuple of ints."""
+    try:
+        values = tuple(ids.tolist() if hasattr(ids, "tolist") else ids)
+    except TypeError:
+        raise ValueError(f"exclude takes sample ids, {{id: reason}} or a file, got {type(ids).__name__}") from None
+    _need(all(_is_int(i) for i in values), "exclude takes integer sample ids")
+    return tuple(int(i) for i in values)
 
 
 def _need(ok: bool, message: str) -> None:
@@ -89,6 +99,10 @@ class ReadOptions:
                                   "disagreement raises CollateError, under any on_error); 'pad' pads each key to "
                                   "the largest shape of its batch (strings to the widest) and adds '<key>_shape' "
                                   "(int64, rows x ndim) with each row's true shape")
+    exclude: Any = option(None, metavar="FILE",
+                          doc="sample ids left out of every epoch (exactly once over the rest): ids, {id: reason}, "
+                              "or a file: a JSON list of ids, findings or an audit report (--json), or a quarantine "
+                              "file (diagnostics/isolation.py); loader.exclude(ids, reason) adds more")
 
     def __post_init__(self):
         _need(_is_int(self.batch_size) and self.batch_size >= 1, f"batch_size must be an int >= 1, got {self.batch_size!r}")
@@ -97,6 +111,8 @@ class ReadOptions:
         _one_of("collate", self.collate, COLLATE_POLICIES)
         _need(not (self.shuffle and self.sampler is not None), "pass either shuffle=True or a sampler, not both")
         _need(self.transform is None or callable(self.transform), "transform must be callable(sample, rng) -> dict")
+        if self.exclude is not None and not isinstance(self.exclude, (str, os.PathLike, dict)):
+            object.__setattr__(self, "exclude", _id_tuple(self.exclude))  # comparable and immutable, as a config is
 
 
 @_documented
@@ -126,6 +142,11 @@ class ExecutionOptions:
                                       "once, in a warning and in stats()['transport']); 'shm' raises "
                                       "SharedMemoryFull instead; 'pipe' always uses the pipes (one more copy per "
                                       "batch, batches never in /dev/shm)")
+    pack_to: str | os.PathLike | None = option(None, metavar="DIR",
+                                               doc="pack the source into TFRecord shards under DIR (keyed by its "
+                                                   "fingerprint) in the background during the first epoch, and read "
+                                                   "the shards from the next epoch and later runs on; batches are "
+                                                   "bit-identical (autopack.py)")
 
     def __post_init__(self):
         _need(_is_int(self.workers) and self.workers >= 0, f"workers must be an int >= 0, got {self.workers!r}")
@@ -186,7 +207,7 @@ class ShardOptions:
               f"shard_count={self.shard_count!r}")
 
 
-GROUPS: dict[str, type] = {"read": ReadOptions, "execution": ExecutionOptions, "failure": FailureOptions,
+GROUPS: dict[str, type[Any]] = {"read": ReadOptions, "execution": ExecutionOptions, "failure": FailureOptions,
                            "sharding": ShardOptions}
 # every flat option name -> the group that holds it
 OPTION_GROUPS: dict[str, str] = {f.name: group for group, cls in GROUPS.items() for f in dataclasses.fields(cls)}

@@ -8,10 +8,11 @@ import re
 import threading
 import time
 import weakref
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from .autopack import AutoPack, close_reader
 from .config import ExecutionOptions, FailureOptions, LoaderConfig, ReadOptions, ShardOptions
 from .errors import SampleError, SampleTimeout, TooManyErrors, WorkerDied, with_original_type
 from .execution.batch import collate_error
@@ -20,12 +21,20 @@ from .execution.pool import InlinePool, make_pool
 from .execution.scheduler import ByteBudget, EpochRun, Outcome
 from .execution.task import SampleFailure, WorkContext
 from .quarantine import Quarantine, QuarantineEntry
+from .diagnostics.isolation import read_exclusions
 from .sampling.elastic import remainder_chain
+from .sampling.exclusion import Exclusions, excluding
 from .sampling.plan import EpochPlan
 from .sampling.samplers import ORDER_FORMAT, SequentialSampler, ShuffleSampler, order_of
 from .stats import LoaderStats
 from .sources.base import check_source, close_source, fingerprint, locate
 from .sources.wrapper import SourceWrapper
+
+if TYPE_CHECKING:  # the frameworks are imported only when asked for
+    import tensorflow as tf
+
+    from .integration.keras_dataset import KerasDataset
+    from .integration.torch_dataset import TorchBatches
 
 STATE_FORMAT = "steadyfeed.loader/2"  # /2: orders are keyed Feistel permutations (sampling/permutation.py)
 _OLD_FORMATS = {"steadyfeed.loader/1": "numpy permutations drawn whole"}
@@ -41,7 +50,11 @@ class Loader:
       label, or raised / quarantined as a :class:`SampleError`; samples that each read fine
       but cannot share a batch raise :class:`CollateError` under any ``on_error`` (no sample
       is charged for it);
-    * the same seed gives bit-identical batches for any ``workers`` and ``mode``;
+    * the same seed gives bit-identical batches for any ``workers`` and ``mode``, and with
+      ``pack_to`` whether an epoch reads the files or the pack;
+    * excluded ids (``exclude=``, ``loader.exclude``) are left out of the plan of every epoch
+      they apply to: each other sample is still delivered exactly once, for any shards and
+      policy, and a saved state keeps them excluded;
     * at most ``prefetch`` batches are in flight or waiting;
     * a dead or hung worker is detected, never waited on forever;
     * leaving an epoch early, an exception or ``close()`` stops every worker and
@@ -61,7 +74,7 @@ class Loader:
     def __init__(self, source: Any, batch_size: int | None = None, *, config: LoaderConfig | None = None,
                  read: ReadOptions | None = None, execution: ExecutionOptions | None = None,
                  failure: FailureOptions | None = None, sharding: ShardOptions | None = None,
-                 **options: Any):
+                 **options: Any) -> None:
         check_source(source)
         if batch_size is not None:
             options["batch_size"] = batch_size
@@ -76,9 +89,14 @@ class Loader:
         self._quarantine = Quarantine(self.config.failure.quarantine)
         self._stats = LoaderStats()
         self._cursor = (0, 0)  # (epoch, next batch index)
-        self._cached_plan: tuple = (None, None)
+        self._exclusions = self._checked_exclusions(read_exclusions(cfg.exclude))
+        self._running: int | None = None  # the epoch an iterator is running, if any
+        self._cached_plan: tuple = (None, None, None)  # (epoch, exclusions, plan)
         self._remainder: tuple | None = None  # (epoch, levels): an epoch resumed from other shards (merge_states)
         self._source_identity: dict | None = None  # computed once, when a state is first saved or loaded
+        pack_to = self.config.execution.pack_to
+        self._autopack = AutoPack(pack_to, source) if pack_to is not None else None
+        self._reader = source  # what the workers read: the source, or its pack once one is ready (autopack.py)
         self._pool = None
         self._handoff = make_handoff(self.config)  # who makes each batch; measured anew with each new pool
         self._budget = ByteBudget(self.config.execution.max_inflight_bytes)  # learns batch sizes across epochs
@@ -89,21 +107,27 @@ class Loader:
 
     def replace(self, **changes: Any) -> "Loader":
         """A new loader over the same source with some options changed, e.g.
-        ``loader.replace(workers=4, mode="process")``. The new loader starts at epoch 0."""
-        return Loader(self.source, config=self.config.replace(**changes))
+        ``loader.replace(workers=4, mode="process")``. The new loader starts at epoch 0, with
+        this one's exclusions (``exclude()`` included) unless ``exclude`` is among the changes."""
+        copy = Loader(self.source, config=self.config.replace(**changes))
+        if "exclude" not in changes:
+            copy._exclusions = self._exclusions
+        return copy
 
     # -- plan ---------------------------------------------------------------------------
     def _plan(self, epoch: int) -> EpochPlan:
         """Epoch ``epoch``'s plan for this shard: a few integers and a lazy order (``plan.py``)."""
-        if self._cached_plan[0] != epoch:  # an order may take a moment to key (or, custom, to draw)
+        cached_epoch, cached_exclusions, plan = self._cached_plan
+        if cached_epoch != epoch or cached_exclusions is not self._exclusions:  # keying an order takes a moment
             read, shard = self.config.read, self.config.sharding
             order = order_of(self.sampler, len(self.source), read.seed, epoch)
+            order = excluding(order, self._exclusions.at(epoch))
             levels = self._remainder[1] if self._remainder and self._remainder[0] == epoch else []
             plan = EpochPlan(order, batch_size=read.batch_size, shard_index=shard.shard_index,
                              shard_count=shard.shard_count, last_batch=read.last_batch,
                              remainder=remainder_chain(len(order), levels))
-            self._cached_plan = (epoch, plan)
-        return self._cached_plan[1]
+            self._cached_plan = (epoch, self._exclusions, plan)
+        return plan
 
     def __len__(self) -> int:
         """Batches per epoch for this shard (an upper bound when samples are skipped)."""
@@ -144,9 +168,13 @@ class Loader:
             raise RuntimeError("this Loader is already running an epoch; finish or close that iterator first (a "
                                "KerasDataset keeps the epoch it serves open between Keras calls: close() it)")
         started = time.perf_counter()  # first-batch latency includes starting the workers
+        self._running = epoch
         try:
+            self._choose_reader()
             run = self._epoch_run(self._ensure_pool(), self._handoff, plan, epoch, start,
                                   self.config.execution.effective_prefetch, self._stats)
+            if self._autopack is not None and self._reader is self.source:
+                self._autopack.start(self.source)  # packs in the background while this epoch reads the files
             skipped_before = self._quarantine.count(epoch)
             planned = plan.num_real_total
             for outcome in run:
@@ -162,6 +190,7 @@ class Loader:
             self._stop_pool_for(exc)
             raise
         finally:
+            self._running = None
             self._active.release()
 
     def _stop_pool_for(self, exc: BaseException) -> None:
@@ -201,9 +230,28 @@ class Loader:
             raise collate_error(outcome.disagreement, self.source, epoch, batch_index)
         return self._public(outcome.arrays)
 
+    def _choose_reader(self) -> None:
+        """At an epoch's start: read the pack once it is ready (``pack_to``). The workers hold
+        the reader, so they are restarted on the pack, once; an epoch never switches midway."""
+        if self._autopack is not None and self._reader is self.source and self._autopack.ready:
+            reader = self._autopack.open()
+            self._shutdown_pool()
+            self._reader = reader
+        self._stats.reading = "files" if self._reader is self.source else "pack"
+
+    @property
+    def reading(self) -> str:
+        """What the current or last epoch read: ``"files"`` (the source) or ``"pack"`` (``pack_to``)."""
+        return self._stats.reading
+
+    def wait_for_pack(self, timeout: float | None = None) -> bool:
+        """Wait for a ``pack_to`` pack under way to be published; whether one is ready (the
+        next epoch then reads it). False without ``pack_to``."""
+        return self._autopack is not None and self._autopack.wait(timeout)
+
     def _work_context(self, stop_on_failure: bool) -> WorkContext:
         read = self.config.read
-        return WorkContext(self.source, read.transform, int(read.seed), self.config.failure.retries, stop_on_failure,
+        return WorkContext(self._reader, read.transform, int(read.seed), self.config.failure.retries, stop_on_failure,
                            self.config.execution.worker_niceness, read.collate)
 
     def _public(self, batch: dict) -> dict:
@@ -250,6 +298,7 @@ class Loader:
         if batch is None:
             return None
         self._stats.batches += 1
+        self._stats.pack_batches += self._reader is not self.source
         real = batch["id"][batch["mask"] > 0] if "mask" in batch else batch["id"]
         self._stats.samples += len(real)
         self._stats.count_components(self.source, real, ())
@@ -263,9 +312,10 @@ class Loader:
         )
         if failure.traceback:
             message += "\n--- worker traceback ---\n" + failure.traceback.rstrip()
-        cls = _ERROR_CLASSES[failure.cause]
+        cls: type = _ERROR_CLASSES[failure.cause]
         if failure.exception is not None:  # catchable as what the worker raised, too
-            cls = with_original_type(cls, type(failure.exception))
+            # ignore: mypy checks a class against Hashable by its instances' __hash__ (python/mypy#11470)
+            cls = with_original_type(cls, type(failure.exception))  # type: ignore[arg-type]
         error = cls(
             message, sample_id=failure.sample_id, epoch=epoch, batch_index=batch_index,
             attempts=failure.attempts, error_type=failure.error_type, location=where,
@@ -274,14 +324,48 @@ class Loader:
         error.__cause__ = failure.exception
         return error
 
+    # -- isolation ------------------------------------------------------------------------
+    def exclude(self, ids, reason: str = "excluded") -> int:
+        """Leave ``ids`` out of every epoch from the next one that has not started, and return
+        that epoch: the cursor's epoch when it stands at its start and no epoch is running,
+        else the one after (an epoch in progress keeps its plan, so its exactly-once holds).
+
+        Deterministic and recorded: the exclusion is part of every later epoch's plan (each
+        remaining sample exactly once, for any workers, mode, shards and ``last_batch``), of
+        ``state_dict()`` (a resumed loader keeps it) and of ``replace()``; ``excluded()`` lists
+        it. An id already excluded keeps its first record. Every shard of a run must exclude
+        the same ids (``merge_states`` refuses states that differ)."""
+        epoch, next_batch = self._cursor
+        start = self._running + 1 if self._running is not None else epoch + (next_batch > 0)
+        self._exclusions = self._checked_exclusions(self._exclusions.add(ids, reason, start))
+        return start
+
+    def excluded(self, epoch: int | None = None) -> list[dict]:
+        """The exclusions in effect in ``epoch`` (default: all recorded), as the findings'
+        ``"excluded"`` section: ``{"id", "reason", "from_epoch"}`` per id, by id."""
+        return self._exclusions.report(epoch)
+
+    def excluded_ids(self, epoch: int) -> np.ndarray:
+        """The ids left out of epoch ``epoch`` (sorted)."""
+        return self._exclusions.at(epoch)
+
+    def _checked_exclusions(self, record: Exclusions) -> Exclusions:
+        n = len(self.source)
+        if len(record) and (record.ids[0] < 0 or record.ids[-1] >= n):
+            bad = record.ids[(record.ids < 0) | (record.ids >= n)]
+            raise ValueError(f"cannot exclude id(s) {bad[:5].tolist()}: the source's ids are 0..{n - 1}")
+        return record
+
     # -- reporting ------------------------------------------------------------------------
     def quarantine_report(self) -> list[dict]:
         """Every sample skipped so far under on_error="skip", in the order they were met."""
         return self._quarantine.report()
 
     def stats(self) -> dict:
-        """What the loader measured about itself (``stats.py``), and ``"handoff"``."""
-        return {**self._stats.as_dict(), "handoff": self.handoff}
+        """What the loader measured about itself (``stats.py``), ``"handoff"``, and with
+        ``pack_to`` the pack's state (``"pack"``: ``state``, ``path``, ``error``)."""
+        pack = {"pack": self._autopack.report()} if self._autopack is not None else {}
+        return {**self._stats.as_dict(), "handoff": self.handoff, **pack}
 
     @property
     def handoff(self) -> str:
@@ -313,12 +397,15 @@ class Loader:
         return {"format": STATE_FORMAT, "epoch": epoch, "next_batch": next_batch, "fingerprint": self._fingerprint(),
                 "shard": {"index": shard.shard_index, "count": shard.shard_count},
                 "order_length": len(self._plan(epoch).order),
-                "remainder": {"epoch": epoch, "levels": levels} if levels else None}
+                "remainder": {"epoch": epoch, "levels": levels} if levels else None,
+                "excluded": self._exclusions.as_state()}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``; workers and mode may differ from the saving loader's, the
         data and the plan may not (a state saved on other data of the same length is refused).
-        A state of one shard resumes that shard only; a merged one (``merge_states``) any shard."""
+        A state of one shard resumes that shard only; a merged one (``merge_states``) any shard.
+        The saved exclusions are restored; ids this loader excluded that the state lacks are
+        added as ``exclude()`` would add them at the saved position."""
         check_state_format(state)
         mine = self._fingerprint()
         diff = {k: (v, mine.get(k)) for k, v in state["fingerprint"].items() if mine.get(k) != v}
@@ -326,17 +413,22 @@ class Loader:
             detail = ", ".join(f"{k}: saved {a!r}, here {b!r}" for k, (a, b) in diff.items())
             raise ValueError(f"this state was saved by a loader with different data or a different plan ({detail})")
         self._check_shard(state.get("shard"))
-        epoch, before = int(state["epoch"]), (self._remainder, self._cached_plan)
+        epoch, before = int(state["epoch"]), (self._remainder, self._cached_plan, self._exclusions)
         rest = state.get("remainder")
         self._remainder = (int(rest["epoch"]), list(rest["levels"])) if rest else None
-        self._cached_plan = (None, None)
+        self._cached_plan = (None, None, None)
         try:
+            saved = self._checked_exclusions(Exclusions.from_state(state.get("excluded")))
+            start = epoch + (int(state["next_batch"]) > 0)
+            own = Exclusions(self._exclusions.ids, np.maximum(self._exclusions.from_epoch, start),
+                             self._exclusions.reasons)
+            self._exclusions = saved.merged(own)
             saved_length, length = state.get("order_length"), len(self._plan(epoch).order)
             if saved_length is not None and saved_length != length:
                 raise ValueError(f"this state's epoch {epoch} has {saved_length} positions, here {length}")
             self.seek(epoch, int(state["next_batch"]))
         except BaseException:
-            self._remainder, self._cached_plan = before
+            self._remainder, self._cached_plan, self._exclusions = before
             raise
 
     def _check_shard(self, saved: dict | None) -> None:
@@ -349,8 +441,10 @@ class Loader:
                          f"{shard.shard_index} of {shard.shard_count}{hint}")
 
     # -- frameworks (imported only when asked for) -------------------------------------
-    def as_keras(self, x="x", y="y", sample_weight=None, *, steps_per_epoch: int | None = None,
-                 padding: str | None = None):
+    def as_keras(self, x: str | Sequence[str] | Mapping[str, str] = "x",
+                 y: str | Sequence[str] | Mapping[str, str] | None = "y", sample_weight: str | None = None, *,
+                 steps_per_epoch: int | None = None,
+                 padding: str | None = None) -> KerasDataset:
         """A ``keras.utils.PyDataset`` for fit/evaluate/predict (the ``keras`` extra): one Keras
         epoch is one loader epoch, every sample once, in the loader's order and with its workers.
         ``x`` / ``y`` name a key, a tuple of keys or ``{input name: key}``; see
@@ -359,7 +453,8 @@ class Loader:
         return KerasDataset(self, x=x, y=y, sample_weight=sample_weight, steps_per_epoch=steps_per_epoch,
                             padding=padding)
 
-    def as_tf_dataset(self, x=None, y=None):
+    def as_tf_dataset(self, x: str | Sequence[str] | Mapping[str, str] | None = None,
+                      y: str | Sequence[str] | Mapping[str, str] | None = None) -> tf.data.Dataset:
         """A ``tf.data.Dataset`` over ``iter(self)`` (the ``tf`` extra): each iteration is the
         loader's batches from its cursor to the end of that epoch, each once, in its order;
         ``element_spec`` is exact (padded dimensions ``None``); never re-sharded by
@@ -367,7 +462,7 @@ class Loader:
         from .integration.tf_dataset import to_tf_dataset
         return to_tf_dataset(self, x=x, y=y)
 
-    def as_torch(self):
+    def as_torch(self) -> TorchBatches:
         """A ``torch.utils.data.IterableDataset`` of dicts of tensors (``torch.from_numpy``, no
         copy); ``iter(ds)`` is ``iter(loader)``. Use it directly or as ``DataLoader(ds,
         batch_size=None, num_workers=0)``: steadyfeed's workers are the workers."""
@@ -382,8 +477,11 @@ class Loader:
         """Stop and join every worker, release shared memory, close the source."""
         self._closed = True
         try:
+            if self._autopack is not None:
+                self._autopack.stop()
             self._finalizer()
         finally:
+            close_reader(self._reader, self.source)
             close_source(self.source)
 
     def __enter__(self) -> "Loader":

@@ -27,13 +27,13 @@ import functools
 import os
 import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, overload
 
 
 class Serialized:
     """A callable that runs ``fn`` under a per-process lock. Made by :func:`serialized`."""
 
-    def __init__(self, fn: Callable, timeout: float | None = None):
+    def __init__(self, fn: Callable, timeout: float | None = None) -> None:
         if not callable(fn):
             raise TypeError(f"serialized() needs a callable, got {type(fn).__name__}")
         self.fn, self.timeout = fn, timeout
@@ -76,7 +76,12 @@ def _lookup(module: str, qualname: str) -> Any:
     return obj
 
 
-def serialized(fn: Callable | None = None, *, timeout: float | None = None):
+@overload
+def serialized(fn: Callable, *, timeout: float | None = None) -> Serialized: ...
+@overload
+def serialized(fn: None = None, *, timeout: float | None = None) -> Callable[[Callable], Serialized]: ...
+def serialized(fn: Callable | None = None, *,
+               timeout: float | None = None) -> Serialized | Callable[[Callable], Serialized]:
     """Wrap ``fn`` so that only one thread (per process) runs it at a time.
 
     Use as ``decode = serialized(lib.decode)``, ``serialized(lib.decode, timeout=30)``, or

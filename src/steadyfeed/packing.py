@@ -36,11 +36,11 @@ import os
 import shutil
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Generator, Iterable, Iterator
 
 import numpy as np
 
-from .config import FailureOptions
+from .config import FailureOptions, OnError
 from .errors import DataError, SampleError, TooManyErrors
 from .files import disk_full, fsync_directory, is_full, staging_directory
 from .loader import Loader
@@ -58,8 +58,8 @@ CHUNK_BYTES = 4 << 20  # encoded bytes per worker task: big enough to amortize a
 MAX_CHUNK = 256
 
 
-def pack(source: Any, out_dir: str | os.PathLike, shard_size: int = DEFAULT_SHARD_SIZE, *,
-         workers: int = 0, mode: str = "thread", progress: bool = True, on_error: str = "raise",
+def pack(source: Any, out_dir: str | os.PathLike[str], shard_size: int = DEFAULT_SHARD_SIZE, *,
+         workers: int = 0, mode: str = "thread", progress: bool = True, on_error: OnError = "raise",
          max_error_fraction: float = 0.1) -> Path:
     """Write ``source`` (``len`` + ``getitem``) or an iterable of sample dicts to ``out_dir``.
 
@@ -162,7 +162,7 @@ class _Skipped:
         return [asdict(e) for e in self.entries]
 
 
-def _entry(sample_id: int, chunk: int, where: str | None, exc: Exception) -> dict:
+def _entry(sample_id: int, chunk: int, where: str | None, exc: BaseException) -> dict:
     return asdict(QuarantineEntry(sample_id=sample_id, epoch=0, batch_index=chunk, attempts=1,
                                   error_type=type(exc).__name__, message=str(exc), location=where))
 
@@ -185,7 +185,8 @@ class _EncodedChunks:
 
     def __getitem__(self, c: int) -> dict:
         ids = list(range(c * self.chunk, min((c + 1) * self.chunk, len(self.source))))
-        samples = read_many(self.source, ids) or [None] * len(ids)  # None: read one by one
+        found = read_many(self.source, ids)
+        samples: list[Any] = [None] * len(ids) if found is None else found  # None: read one by one
         records, failed = [], []
         for i, sample in zip(ids, samples):
             try:
@@ -239,7 +240,7 @@ def _first_record(source: Any, encoder: SampleEncoder, skip: bool) -> bytes:
 
 
 def _source_chunks(source: Any, encoder: SampleEncoder, workers: int, mode: str,
-                   skipped: _Skipped) -> Iterator[list[bytes]]:
+                   skipped: _Skipped) -> Generator[list[bytes], None, None]:
     """The source's records, a chunk at a time, in sample id order."""
     if len(source) == 0:
         return
@@ -258,7 +259,8 @@ def _source_chunks(source: Any, encoder: SampleEncoder, workers: int, mode: str,
             raise
 
 
-def _iterable_chunks(iterable: Iterable, encoder: SampleEncoder, skipped: _Skipped) -> Iterator[list[bytes]]:
+def _iterable_chunks(iterable: Iterable, encoder: SampleEncoder,
+                     skipped: _Skipped) -> Generator[list[bytes], None, None]:
     """An iterable's records one at a time. Nothing is skipped here: a generator that raises
     cannot go on, and a sample unlike the first is not the sample's failure."""
     for i, sample in enumerate(iterable):

@@ -11,6 +11,11 @@ wrong, or None), registered by name in :data:`CHECKS`:
 They run in three places: :class:`Checked` (a source wrapper, so a bad sample raises a
 :class:`~steadyfeed.DataError` and the Loader raises it, or quarantines it under
 ``on_error="skip"``), ``steadyfeed audit --checks`` and ``steadyfeed inspect --checks``.
+
+Image checks (``"blur"``, ``"underexposed"``, ``"overexposed"``, ``"low_contrast"``;
+``"image"`` names all four) judge a score against a threshold drawn from the dataset's own
+statistics (``diagnostics/image_quality.py``), so they are not in :data:`CHECKS`: the same
+three places compute their scores and thresholds there.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from .diagnostics import image_quality
 from .errors import DataError
 from .sources.base import locate
 from .sources.wrapper import SourceWrapper
@@ -46,16 +52,23 @@ CHECKS: dict[str, Callable[[np.ndarray], str | None]] = {"finite": finite, "not_
 
 
 def check_names(names: Iterable[str] | str) -> tuple[str, ...]:
-    """Validated check names; ``"all"`` means every check, a string may be comma-separated."""
+    """Validated check names; ``"all"`` means every per-sample check (:data:`CHECKS`),
+    ``"image"`` every image check; a string may be comma-separated."""
     if isinstance(names, str):
         names = [n for n in names.split(",") if n]
-    names = tuple(names)
-    if "all" in names:
-        return tuple(CHECKS)
-    unknown = [n for n in names if n not in CHECKS]
+    expanded = []
+    for name in names:
+        expanded += CHECKS if name == "all" else image_quality.CHECKS if name == "image" else [name]
+    unknown = [n for n in expanded if n not in CHECKS and n not in image_quality.CHECKS]
     if unknown:
-        raise ValueError(f"unknown check(s) {', '.join(map(repr, unknown))}; known: {', '.join(CHECKS)}, all")
-    return names
+        raise ValueError(f"unknown check(s) {', '.join(map(repr, unknown))}; known: "
+                         f"{', '.join([*CHECKS, *image_quality.CHECKS])}, all, image")
+    return tuple(dict.fromkeys(expanded))
+
+
+def image_checks(names: Sequence[str]) -> tuple[str, ...]:
+    """The image checks among ``names`` (they need thresholds, ``diagnostics/image_quality.py``)."""
+    return tuple(n for n in names if n in image_quality.CHECKS)
 
 
 @dataclass(frozen=True)
@@ -77,19 +90,40 @@ class Problem:
 
 def sample_problems(sample_id: Any, sample: Mapping[str, Any], checks: Sequence[str],
                     keys: Iterable[str] | None = None) -> list[Problem]:
-    """Every failed check of one sample, over ``keys`` (default: all of its keys)."""
+    """Every failed per-sample check of one sample, over ``keys`` (default: all of its keys);
+    image checks, which need thresholds, are left to :func:`image_problems`."""
     found = []
     for key in sample if keys is None else keys:
         if key in sample:
             a = np.asarray(sample[key])
             found += [Problem(sample_id, key, name, detail) for name in checks
-                      if (detail := CHECKS[name](a)) is not None]
+                      if name in CHECKS and (detail := CHECKS[name](a)) is not None]
+    return found
+
+
+def image_problems(sample_id: Any, sample: Mapping[str, Any], limits: Mapping[str, float],
+                   keys: Iterable[str] | None = None, value_range: float | None = None) -> list[Problem]:
+    """Every image check of ``limits`` (check -> threshold) that an image key of the sample fails."""
+    found = []
+    for key in sample if keys is None else keys:
+        if key in sample and image_quality.is_image(sample[key]):
+            scores = image_quality.scores(sample[key], value_range)
+            found += [Problem(sample_id, key, name, image_quality.problem(name, float(scores[name][0]), limit))
+                      for name, limit in limits.items() if image_quality.flagged(name, scores[name], limit)[0]]
     return found
 
 
 class Checked(SourceWrapper):
-    """A source whose samples must pass ``checks`` (names in :data:`CHECKS`) on ``keys``
-    (default: every key) and, per key in ``shapes``, have exactly that shape.
+    """A source whose samples must pass ``checks`` (names in :data:`CHECKS`, and image checks)
+    on ``keys`` (default: every key) and, per key in ``shapes``, have exactly that shape.
+
+    Image checks (``"blur"``, ``"underexposed"``, ``"overexposed"``, ``"low_contrast"``, or
+    ``"image"`` for all) flag an image whose score lies beyond its threshold: ``thresholds``
+    (check -> value) where given, else calibrated once, when the wrapper is built, from up
+    to ``calibrate`` evenly spaced samples (a deterministic subsample read here, in the
+    consumer: its cost is that many reads; ``checked.thresholds`` holds the result), so
+    every worker and every run judges by the same thresholds. Scores are computed by the
+    workers, on the sample arrays (``diagnostics/image_quality.py``).
 
     ``Checked(source)[i]`` is ``source[i]`` unchanged, or raises :class:`DataError` naming the
     sample (and where it lives), the key, the check and what was found, so the Loader
@@ -103,14 +137,22 @@ class Checked(SourceWrapper):
     """
 
     def __init__(self, source: Any, checks: Iterable[str] | str = ("finite", "not_constant"), *,
-                 keys: Iterable[str] | None = None, shapes: Mapping[str, Sequence[int]] | None = None):
+                 keys: Iterable[str] | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
+                 thresholds: Mapping[str, float] | None = None, calibrate: int = 1000,
+                 value_range: float | None = None) -> None:
         super().__init__(source)
         self.checks = check_names(checks)
         self.keys = None if keys is None else tuple(keys)
         self.shapes = {key: tuple(int(d) for d in shape) for key, shape in (shapes or {}).items()}
+        self.value_range = value_range
+        wanted = image_checks(self.checks)
+        self.thresholds = image_quality.calibrate(source, wanted, self.keys, samples=calibrate, given=thresholds,
+                                                  value_range=value_range) if wanted else {}
 
-    def wrap_sample(self, i: int, sample):
+    def wrap_sample(self, i: int, sample: Mapping[str, Any]) -> Mapping[str, Any]:
         problems = sample_problems(i, sample, self.checks, self.keys)
+        if self.thresholds:
+            problems += image_problems(i, sample, self.thresholds, self.keys, self.value_range)
         problems += [Problem(i, key, "shape", f"expected shape {shape}, found {np.shape(sample[key])}")
                      for key, shape in self.shapes.items() if np.shape(sample[key]) != shape]
         if problems:
@@ -129,7 +171,7 @@ class Outliers:
     """The most common value of a property (a shape, an image mode), how many items have it,
     and the items that do not."""
 
-    common: Hashable
+    common: Any  # hashable: a shape, an image mode, ...
     common_count: int
     items: list
 

@@ -22,7 +22,7 @@ import functools
 import os
 import pickle
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterator, cast
 
 import numpy as np
 import ray  # absolute import: the Ray package, not this module
@@ -32,13 +32,19 @@ from ray.data.block import BlockAccessor, BlockMetadata
 from .errors import RayClusterLost
 from .execution.ray_pool import ray_init_options
 
+if TYPE_CHECKING:
+    from ray.client_builder import BaseContext
+
+    from .config import LoaderConfig
+    from .loader import Loader
+
 __all__ = ["RayClusterLost", "RayDatasetSource", "init", "source_from_ray_dataset", "to_ray_dataset"]
 
 RESERVED_COLUMNS = ("id",)  # the loader's own key: every batch carries the sample ids under it
 INDEXING_IN_FLIGHT = 32  # blocks being converted at once while a dataset is indexed
 
 
-def init(address: str | None = None, num_cpus: int | None = None, **kwargs: Any):
+def init(address: str | None = None, num_cpus: int | None = None, **kwargs: Any) -> BaseContext:
     """Connect to the Ray cluster at ``address`` ("auto", "host:6379", "ray://host:10001") or,
     with no address, to ``RAY_ADDRESS`` when set, else start a new local cluster with
     ``num_cpus`` CPUs (never silently joining whatever ``ray start`` last left on this machine).
@@ -61,7 +67,8 @@ class RayDatasetSource:
     resumes only on the same rows in the same order.
     """
 
-    def __init__(self, block_refs: list, offsets: list[int], *, digest: str, address: str, key: str | None = None):
+    def __init__(self, block_refs: list, offsets: list[int], *, digest: str, address: str,
+                 key: str | None = None) -> None:
         self.block_refs, self.offsets = block_refs, offsets  # offsets[k] = first row of block k
         self.digest, self.address, self.key = digest, address, key
         self._cached: tuple[int, dict] | None = None
@@ -96,7 +103,7 @@ class RayDatasetSource:
                     "not connected to Ray: build the source again after steadyfeed.ray.init()")
         return None
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict:
         return {**self.__dict__, "_cached": None}
 
     def __repr__(self) -> str:
@@ -104,7 +111,7 @@ class RayDatasetSource:
         return f"RayDatasetSource({len(self)} rows in {len(self.block_refs)} blocks, {order})"
 
 
-def source_from_ray_dataset(ds, key: str | None = None) -> RayDatasetSource:
+def source_from_ray_dataset(ds: ray.data.Dataset, key: str | None = None) -> RayDatasetSource:
     """Index ``ds`` (a ``ray.data.Dataset``) as a source: one pass of its pipeline, each block
     converted to numpy where it was made and kept in the object store (spilled to disk by
     Ray when larger than memory); the driver receives only block references, row counts and
@@ -150,7 +157,7 @@ def _check_columns(columns: list[str], key: str | None) -> None:
         raise ValueError(f"key={key!r} is not a column of the Ray dataset (columns: {columns})")
 
 
-def _index_blocks(ds, key: str | None, preserve_order: bool) -> tuple[list, list[dict]]:
+def _index_blocks(ds: ray.data.Dataset, key: str | None, preserve_order: bool) -> tuple[list, list[dict]]:
     """Stream the dataset's blocks into numpy blocks in the object store: (their refs, their infos)."""
     options = ds.context.execution_options
     saved, options.preserve_order = options.preserve_order, options.preserve_order or preserve_order
@@ -158,7 +165,8 @@ def _index_blocks(ds, key: str | None, preserve_order: bool) -> tuple[list, list
     try:
         for bundle in ds.iter_internal_ref_bundles():  # as they are made: nothing waits for the whole pass
             for block in bundle.block_refs:
-                arrays, info = _index_block.remote(block, key)
+                # (Any: Ray's stubs type .remote() as one ObjectRef whatever num_returns says)
+                arrays, info = cast(Any, _index_block.remote(block, key))
                 refs.append(arrays)
                 info_refs.append(info)
                 if len(info_refs) > INDEXING_IN_FLIGHT:  # bounded, so Ray Data's blocks do not pile up
@@ -169,9 +177,9 @@ def _index_blocks(ds, key: str | None, preserve_order: bool) -> tuple[list, list
 
 
 @ray.remote(num_returns=2)
-def _index_block(block, key: str | None):
+def _index_block(block: Any, key: str | None) -> tuple[dict, dict]:
     """A Ray Data block as numpy columns (kept in the object store), and what indexing needs of it."""
-    arrays = BlockAccessor.for_block(block).to_numpy()
+    arrays = cast(dict, BlockAccessor.for_block(block).to_numpy())  # a table's blocks: {column: array}
     rows = len(next(iter(arrays.values()))) if arrays else 0
     info = {"rows": rows, "digest": _digest(arrays, rows)}
     if key is not None and rows:
@@ -181,7 +189,7 @@ def _index_block(block, key: str | None):
     return arrays, info
 
 
-def _scalar(value):
+def _scalar(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
@@ -234,7 +242,7 @@ def _in_key_order(blocks: list, key: str) -> list:
 
 
 # -- steadyfeed -> Ray Data ---------------------------------------------------------------
-def to_ray_dataset(loader, epoch: int = 0, *, block_bytes: int | None = None):
+def to_ray_dataset(loader: Loader, epoch: int = 0, *, block_bytes: int | None = None) -> ray.data.Dataset:
     """The batches of ``loader.epoch(epoch)`` as a ``ray.data.Dataset`` that streams: rows in
     plan order (``with_ids=True`` adds the ``id`` column), handed on as the batches are made.
 
@@ -269,22 +277,23 @@ def to_ray_dataset(loader, epoch: int = 0, *, block_bytes: int | None = None):
 class _EpochDatasource(Datasource):
     """One read task that yields a block per batch as a copy of the loader makes them."""
 
-    def __init__(self, source, config, epoch: int):
+    def __init__(self, source: Any, config: LoaderConfig, epoch: int) -> None:
         self.source, self.config, self.epoch = source, config, epoch
 
     def estimate_inmemory_data_size(self) -> int | None:
         return None
 
+    @property
     def supports_distributed_reads(self) -> bool:
         return False  # on this machine, like the loader it copies (and its quarantine file)
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
-                       data_context=None) -> list[ReadTask]:
+                       data_context: Any = None) -> list[ReadTask]:
         metadata = BlockMetadata(num_rows=None, size_bytes=None, input_files=None, exec_stats=None)
         return [ReadTask(functools.partial(_epoch_blocks, self.source, self.config, self.epoch), metadata)]
 
 
-def _epoch_blocks(source, config, epoch: int):
+def _epoch_blocks(source: Any, config: LoaderConfig, epoch: int) -> Iterator[Any]:
     from .loader import Loader  # in the read task's process
 
     with Loader(source, config=config) as loader:

@@ -40,6 +40,8 @@ class LoaderStats:
     transport: str = "in-process"
     transport_fallback: str | None = None
     components: dict = field(default_factory=dict)  # a Mixture's component name -> {"samples", "skipped"}
+    reading: str = "files"  # what the current or last epoch read: "files" (the source) or "pack" (pack_to)
+    pack_batches: int = 0  # batches read from the pack (pack_to)
 
     def record_fill(self, ready: int) -> None:
         """Called as each batch is taken: the queue watermark at that moment."""
@@ -78,11 +80,13 @@ class LoaderStats:
             "queue_fill_timeline": list(self.fill_timeline),
             "transport": self.transport,
             "transport_fallback": self.transport_fallback,
+            "reading": self.reading,
+            "pack_batches": self.pack_batches,
             **({"components": {name: dict(c) for name, c in self.components.items()}} if self.components else {}),
         }
 
 
-COUNTERS = ("batches", "samples", "skipped", "wait_seconds", "inline_batches", "queue_fill_total")
+COUNTERS = ("batches", "samples", "skipped", "wait_seconds", "inline_batches", "queue_fill_total", "pack_batches")
 
 
 def stats_delta(before: dict, after: dict) -> dict:

@@ -76,6 +76,7 @@ class _Reader:
                 self.read_seconds += t1 - t0
                 sample = dict(raw)
                 if ctx.transform is not None:
+                    assert self.streams is not None  # made with the transform
                     sample = ctx.transform(sample, self.streams.rng(self.task.epoch, sample_id, draw))
                 sample = as_sample(sample)
                 self.transform_seconds += time.perf_counter() - t1
@@ -219,7 +220,7 @@ def _put(out: dict, rows, sample: dict, collate: str) -> None:
             if arr.shape != column.shape[1:]:
                 dest = column[rows, ...]  # a view, also of one row
                 dest[...] = np.zeros((), column.dtype)
-                dest[(Ellipsis, *(slice(0, d) for d in arr.shape))] = arr
+                dest[(Ellipsis,) + tuple(slice(0, d) for d in arr.shape)] = arr
                 continue
         column[rows] = arr
 
@@ -277,7 +278,7 @@ def run_batch(task: BatchTask, ctx: WorkContext, status: StatusSlot, allocate: A
     if reader.columns is not None and not _clashes(reader.columns, ctx.collate):
         status.begin(task.task_id, Stage.COLLATING)
         t0 = time.perf_counter()
-        arrays = collate_columns(reader.columns, task, allocate, ctx.collate)
+        arrays: dict[str, np.ndarray] | None = collate_columns(reader.columns, task, allocate, ctx.collate)
         timings = {"read": reader.read_seconds, "transform": 0.0, "collate": time.perf_counter() - t0}
         status.idle()
         return BatchResult(task.task_id, spec.index, arrays, (), timings)

@@ -120,7 +120,8 @@ class MeasuredHandoff:
         if statistics.fmean(in_loaders) * GATE_RATIO < statistics.fmean(works):
             self._keep(to_workers=True)  # the workers hide the work: making it here would add it
         else:
-            self._phase, self.to_workers, self._here = "probe", False, None
+            self._phase, self.to_workers = "probe", False
+            self._here: list[float] | None = None  # cycles of batches made here, once steady
 
     def _probe(self, cycle: float) -> None:
         if self._here is None:  # the first batch made here follows the switch: not a steady cycle

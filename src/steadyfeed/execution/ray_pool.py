@@ -49,6 +49,7 @@ import socket
 import time
 import warnings
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 import ray
@@ -69,13 +70,14 @@ START_SECONDS = 60.0  # no actor running for this long: the cluster lacks the CP
 AGENT_SECONDS = 30.0  # longest wait for a node agent's answer (it may still be starting)
 SWEEP_SECONDS = 5.0  # longest wait, at shutdown, for the agents to remove the status slots
 ACTOR_PREFIX = "steadyfeed-"
-ACTOR_OPTIONS = {"num_cpus": 1}  # what each actor asks of the cluster (tests add resources to pin a node)
+# what each actor asks of the cluster (tests add resources to pin a node)
+ACTOR_OPTIONS: dict[str, Any] = {"num_cpus": 1}
 HEAD_PROBE_SECONDS = 2.0  # a head or raylet that does not accept a TCP connection by then is taken as gone
 SHM_DIR = "/dev/shm"  # where POSIX shared memory appears as files on Linux
 SLOT_BYTES = 24  # a StatusSlot: three float64 cells
 
 
-@ray.remote(concurrency_groups={"status": 1})
+@ray.remote(concurrency_groups={"status": 1})  # type: ignore[call-overload]  # in Ray's API, not in its stubs
 class BatchActor:
     """Runs tasks one at a time (default group, max_concurrency=1); ``status`` answers from
     its own thread meanwhile, so a hung or slow sample can be seen from outside."""
@@ -210,7 +212,7 @@ class _Actor:
 
     def __init__(self, wid: int, handle, segment, pool: "RayPool"):
         self.wid, self.handle, self.segment, self._pool = wid, handle, segment, pool
-        self.cells = None if segment is None else shm.status_cells(segment)  # None: /dev/shm was full
+        self.cells: np.ndarray | None = None if segment is None else shm.status_cells(segment)  # None: /dev/shm was full
         self.outstanding: OrderedDict[int, BatchTask] = OrderedDict()
         self.pending: dict = {}  # ObjectRef of a run call -> its task id
         self.polled: tuple | None = None  # last status() answer: (task_id, position, seconds)
@@ -219,7 +221,9 @@ class _Actor:
         self.started_ref = handle.started.remote()  # resolves once the actor runs (or failed to start)
         self.spawned = time.monotonic()
         self.placed = False
-        self.pid = self.node_id = self.kept = None
+        self.pid: Any = None  # these three: set by place()
+        self.node_id: Any = None
+        self.kept: Any = None
         self.warned_late = False
 
     def place(self, info: tuple) -> None:
@@ -239,6 +243,7 @@ class _Actor:
         """From the shared slot on the consumer's node; else the actor's own last answer
         (elapsed as the actor measured it: never a stale guess of ours)."""
         if self.attached:
+            assert self.cells is not None  # attached: it has cells
             task_id, position, started = self.cells[0], self.cells[1], self.cells[2]
             return None if task_id < 0 else Running(int(task_id), as_position(position), time.monotonic() - started)
         if self.polled is None:
@@ -279,6 +284,7 @@ def ray_init_options(address: str | None = None, num_cpus: int | None = None, **
 
 
 class RayPool(WorkerPool):
+    workers: dict[int, _Actor]
     share_status = True  # False: actors on the consumer's node keep their own slots too, as remote ones (tests)
 
     def __init__(self, ctx: WorkContext, size: int, timeout: float | None):
@@ -287,8 +293,8 @@ class RayPool(WorkerPool):
         self.token = shm.owner_token()  # names our actors and status slots (the leak checks look for it)
         self._own_slots = f"{shm.PREFIX}{self.token}a"  # prefix of the slots actors keep on their nodes
         self._cluster_lost = False  # then no more Ray calls: they would block on the missing head
-        self._ctx_ref = ray.put(ctx)  # one copy, shared by every actor and every respawn
-        self._agents: dict[str, object] = {}  # node id -> NodeAgent
+        self._ctx_ref: ray.ObjectRef | None = ray.put(ctx)  # one copy, shared by every actor and every respawn
+        self._agents: dict[str, Any] = {}  # node id -> NodeAgent
         self._lost_nodes: set[str] = set()
         self._idle_since: float | None = time.monotonic()  # since when no actor has been running
         super().__init__(ctx, size, timeout)
@@ -301,7 +307,8 @@ class RayPool(WorkerPool):
         segment = consumer_slot(f"{self.token}r{wid}", wid) if self.share_status else None
         shared = "" if segment is None else segment.name
         try:
-            handle = BatchActor.options(
+            # ignore: mypy keeps a decorated class's own type; @ray.remote made it an ActorClass with .options
+            handle = BatchActor.options(  # type: ignore[attr-defined]
                 name=f"{ACTOR_PREFIX}{self.token}-{wid}", max_concurrency=1, **ACTOR_OPTIONS,
                 max_restarts=0, max_task_retries=0,  # the scheduler decides what a lost task becomes
             ).remote(self._ctx_ref, shared, self.node_id, f"{self._own_slots}{wid}")
@@ -323,7 +330,7 @@ class RayPool(WorkerPool):
         actor.place(info)
         self._idle_since = None
         if actor.kept not in (None, "shared") and actor.node_id not in self._agents:
-            self._agents[actor.node_id] = NodeAgent.options(
+            self._agents[actor.node_id] = NodeAgent.options(  # type: ignore[attr-defined]  # an ActorClass, as above
                 name=f"{ACTOR_PREFIX}{self.token}-agent-{actor.node_id[:12]}",
                 scheduling_strategy=NodeAffinitySchedulingStrategy(actor.node_id, soft=False),
             ).remote()  # started now, so it is up by the time an actor there dies
@@ -449,7 +456,7 @@ class RayPool(WorkerPool):
     # -- results and deaths ---------------------------------------------------------------
     def _collect(self, timeout: float) -> list[Event]:
         self._check_cluster()
-        owners = {}
+        owners: dict[Any, _Actor] = {}
         for actor in self.workers.values():
             owners.update(dict.fromkeys(actor.pending, actor))
             if actor.started_ref is not None:  # a placement wakes the wait too

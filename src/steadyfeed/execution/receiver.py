@@ -98,6 +98,7 @@ class ResultReceiver:
         if shipped.layout is None:
             return shipped.result
         t0 = time.perf_counter()
+        assert shipped.shm_name is not None  # a batch laid out in a slot names the slot
         arrays = self._slots.receive(shipped.shm_name, shipped.layout)
         return shipped.result.received(arrays, time.perf_counter() - t0)
 

@@ -151,6 +151,7 @@ class EpochRun:
 
     def _make_here(self) -> None:
         batch = self._next_task()
+        assert batch.task is not None  # made by _next_task
         self._handle(Done(self.pool.run_here(batch.task)))
 
     def _next_task(self) -> _Batch:
@@ -182,17 +183,19 @@ class EpochRun:
 
     def _submit_ready_tasks(self) -> None:
         while self.to_submit and self._to_worker(self.to_submit[0]) and self.pool.free_slots() > 0:
-            self.pool.submit(self._next_task().task)
+            task = self._next_task().task
+            assert task is not None  # made by _next_task
+            self.pool.submit(task)
 
     def _handle(self, event: Event) -> None:
         if isinstance(event, Done):
             self.deaths_since_progress = 0
             result = event.result
             batch = self.batches.get(result.batch_index)
-            if batch is None or batch.task.task_id != result.task_id:
+            if batch is None or batch.task is None or batch.task.task_id != result.task_id:
                 return  # a stale result of a task that was already re-run
             failures = sorted([*result.failures, *batch.lost_failures], key=lambda f: f.position)
-            self.ready[result.batch_index] = Outcome(batch.spec, result.arrays, failures, result.timings,
+            self.ready[result.batch_index] = Outcome(batch.spec, result.arrays, failures, dict(result.timings),
                                                      result.disagreement)
             if self.budget.learn(batch_bytes(result.arrays)):
                 self._fill_window()  # the first size known: the window may hold more than one batch now
@@ -212,7 +215,7 @@ class EpochRun:
             )
         for task in event.tasks:
             batch = self.batches.get(task.spec.index)
-            if batch is None or batch.task.task_id != task.task_id:
+            if batch is None or batch.task is None or batch.task.task_id != task.task_id:
                 continue
             batch.lost = True
             if event.running is not None and event.running.task_id == task.task_id:
@@ -225,6 +228,7 @@ class EpochRun:
     def _charge(self, batch: _Batch, position: int | Stage, event: Lost) -> None:
         """Blame the lost attempt on the sample the worker was on."""
         task = batch.task
+        assert task is not None  # a worker lost it: it was submitted
         if position is Stage.READING_BATCH:
             batch.task = replace(task, batched_read=False)  # next time one by one, so a death names its sample
             return

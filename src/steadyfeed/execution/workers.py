@@ -20,6 +20,7 @@ import threading
 import traceback
 from collections import OrderedDict
 from dataclasses import replace
+from typing import Any
 
 from ..errors import RemoteError
 from ..sources.base import close_source
@@ -41,7 +42,11 @@ class ThreadWorker:
         self.thread = threading.Thread(
             target=self._main, args=(ctx, outbox), name=f"steadyfeed-thread-{wid}", daemon=True
         )
-        self.thread.start()
+        try:
+            self.thread.start()
+        except BaseException:  # Ctrl-C inside start(): the thread may run already, and no pool knows of it
+            self.abandon()
+            raise
 
     def _main(self, ctx: WorkContext, outbox: queue.SimpleQueue) -> None:
         lower_priority(ctx.niceness)
@@ -167,8 +172,9 @@ class ProcessWorker:
         _check_not_bootstrapping()
         # status cells live in a tiny segment of ours (not multiprocessing's heap, whose
         # arena file stays open for the life of the interpreter)
-        self._status_segment = shm.create_status(f"{token}s{wid}")
-        self.conn = child = None
+        self._status_segment: shm.shared_memory.SharedMemory | None = shm.create_status(f"{token}s{wid}")
+        self.conn: Any = None  # a Connection once the pipe is made
+        child = None
         try:
             self.status = StatusSlot(shm.status_cells(self._status_segment))
             self.conn, child = mpctx.Pipe(duplex=True)

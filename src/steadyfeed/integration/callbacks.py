@@ -26,11 +26,11 @@ STATE_FILE = "steadyfeed_loader.json"
 
 
 class _LoaderCallback(keras.callbacks.Callback):
-    def __init__(self, data: Any):
+    def __init__(self, data: Any) -> None:
         super().__init__()
         self.loader = data.loader if isinstance(data, KerasDataset) else data
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         if self.params.get("steps") in (None, len(self.loader)):  # Keras epochs are loader epochs
             align_epoch(self.loader, epoch)
 
@@ -55,21 +55,23 @@ class LoaderMonitor(_LoaderCallback):
       slower steps do not scale (a fraction shrinks when the steps get slower);
     * ``data_queue_fill``: mean number of batches ready when one was taken (0: the
       training loop always waited; near ``prefetch``: data was never the bottleneck);
-    * ``data_quarantined``: samples skipped so far under ``on_error="skip"``.
+    * ``data_quarantined``: samples skipped so far under ``on_error="skip"``;
+    * ``data_from_pack``: the share of the epoch's batches read from the ``pack_to`` shards
+      (0 while the files are read, 1 once the pack is).
 
     The training time of an epoch runs from ``on_epoch_begin`` to its last
     ``on_train_batch_end``, so validation does not dilute the figures.
     """
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         super().on_epoch_begin(epoch, logs)
         self._t0 = self._t_last = time.perf_counter()
         self._s0 = self.loader.stats()
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self._t_last = time.perf_counter()
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is not None:
             logs.update(epoch_figures(self._s0, self.loader.stats(), self._t_last - self._t0))
 
@@ -85,6 +87,7 @@ def epoch_figures(before: dict, after: dict, seconds: float) -> dict:
         "data_wait_ms_per_step": 1000 * delta["wait_seconds"] / batches if batches else 0.0,
         "data_queue_fill": delta["queue_fill_mean"],
         "data_quarantined": float(after["skipped"]),
+        "data_from_pack": delta["pack_batches"] / batches if batches else 0.0,
     }
 
 
@@ -92,7 +95,7 @@ class _SaveSchedule:
     """When ``BackupAndRestore(save_freq=...)`` saves: the same counting, step for step
     (``_should_save_on_batch`` in keras 3.15.1, ``steps_per_execution`` included)."""
 
-    def __init__(self, save_freq: Any):
+    def __init__(self, save_freq: Any) -> None:
         if save_freq != "epoch" and not (isinstance(save_freq, int) and not isinstance(save_freq, bool) and save_freq >= 1):
             raise ValueError(f"save_freq must be 'epoch' or an int >= 1, as given to BackupAndRestore; got {save_freq!r}")
         self.save_freq = save_freq
@@ -134,8 +137,8 @@ class LoaderCheckpoint(_LoaderCallback):
     BackupAndRestore, the file is deleted when ``fit`` completes (``delete_checkpoint``).
     """
 
-    def __init__(self, data: Any, directory: str | os.PathLike, save_freq: Any = "epoch",
-                 delete_checkpoint: bool = True):
+    def __init__(self, data: Any, directory: str | os.PathLike[str], save_freq: int | str = "epoch",
+                 delete_checkpoint: bool = True) -> None:
         super().__init__(data)
         self.schedule = _SaveSchedule(save_freq)
         self.path = os.path.join(os.fspath(directory), STATE_FILE)
@@ -152,7 +155,7 @@ class LoaderCheckpoint(_LoaderCallback):
         self.loader.load_state_dict(state)
         return state
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         super().on_epoch_begin(epoch, logs)
         self._trained_steps = 0
         self._next = cursor = self.loader.cursor
@@ -162,19 +165,19 @@ class LoaderCheckpoint(_LoaderCallback):
                           "BackupAndRestore given the same save_freq? (keras 3.15.1's BackupAndRestore also records "
                           "epoch 0 for a save made inside the first epoch of a resumed fit.)", stacklevel=2)
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         for self._next in self._dataset().trained(batch + 1 - self._trained_steps):  # steps_per_execution
             pass
         self._trained_steps = batch + 1
         if self.schedule.batch_due(batch):
             self._save()
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self.schedule.epoch_ended()
         if self.schedule.save_freq == "epoch":
             self._save()
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict | None = None) -> None:
         if self.delete_checkpoint and os.path.exists(self.path):
             os.remove(self.path)
 

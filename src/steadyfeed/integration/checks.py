@@ -58,7 +58,7 @@ def _pair(layout: BatchLayout, inputs: list) -> list[tuple[str, Any]]:
         names = [t.name for t in inputs]
         raise InputMismatch(f"x gives {len(pairs)} array(s) {[k for k, _ in pairs]} but the model has "
                             f"{len(inputs)} input(s) {names}; pass x as a tuple or a dict {{input name: batch key}}")
-    return [(key, inputs[i]) for key, i in pairs]
+    return [(key, inputs[int(i)]) for key, i in pairs]  # positions: x is a key or a tuple here
 
 
 def _check_one(key: str, array: np.ndarray, tensor: Any) -> None:

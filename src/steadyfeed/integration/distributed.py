@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 
-def _shard(index: int, count: int, where: str) -> dict:
+def _shard(index: int | str, count: int | str, where: str) -> dict:
     index, count = int(index), int(count)
     if not (count >= 1 and 0 <= index < count):
         raise ValueError(f"{where} gives shard {index} of {count}: need 0 <= index < count")
@@ -43,7 +43,8 @@ def shard_from_torch() -> dict:
     try:
         import torch.distributed as dist
     except ImportError:
-        dist = None
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return _shard(dist.get_rank(), dist.get_world_size(), "torch.distributed")
+        pass
+    else:
+        if dist.is_available() and dist.is_initialized():
+            return _shard(dist.get_rank(), dist.get_world_size(), "torch.distributed")
     return _shard(os.environ.get("RANK", 0), os.environ.get("WORLD_SIZE", 1), "RANK/WORLD_SIZE")

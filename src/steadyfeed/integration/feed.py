@@ -41,7 +41,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 from ..errors import DataError
 
@@ -76,7 +76,7 @@ class KerasFeed:
         self.steps = steps_per_epoch
         self.report: Callable[[Position, Any], None] = lambda position, batch: None
         self._lock = threading.RLock()  # TF calls take() from tf.data threads
-        self._batches = None  # the loader's iterator while one of its epochs is open
+        self._batches: Generator[Any, None, None] | None = None  # the loader's iterator while one of its epochs is open
         self._head: Position | None = None  # the loader's cursor as this feed left it (None: not yet)
         self._pass: _Pass | None = None
         self._rollback: _Pass | None = None  # a pass Keras did not keep: the next starts where it did
@@ -109,6 +109,7 @@ class KerasFeed:
                 if not epoch.pass_started:
                     self._start_pass()
                     epoch.pass_started = True
+                assert self._pass is not None  # started by this epoch
                 return self._pass.length
             if threading.get_ident() == epoch.opener and self._pass is not None and (
                     epoch.pulled_elsewhere or not self._pass.complete):
@@ -186,6 +187,7 @@ class KerasFeed:
     # -- passes --------------------------------------------------------------------------------
     def _close_epoch(self, kept: bool) -> None:
         epoch, self._epoch = self._epoch, None
+        assert epoch is not None  # called for an open epoch
         current = self._pass
         if current is None:
             return
@@ -262,6 +264,7 @@ class KerasFeed:
     def _short_epoch(self, epoch: int) -> Exception:
         skipped = sum(1 for entry in self.loader.quarantine_report() if entry["epoch"] == epoch)
         current = self._pass
+        assert current is not None  # raised while taking a batch of the open pass
         if not skipped:
             return RuntimeError(f"steadyfeed bug: epoch {epoch} of the loader ended after {current.taken} of "
                                 f"the {current.length} batches of its pass")

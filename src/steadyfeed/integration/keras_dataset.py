@@ -113,8 +113,9 @@ class KerasDataset(keras.utils.PyDataset):
     """
 
     def __init__(self, loader: Any, x: Any = "x", y: Any = "y", sample_weight: str | None = None, *,
-                 steps_per_epoch: int | None = None, padding: str | None = None):
-        super().__init__(workers=1, use_multiprocessing=False)  # no Keras enqueuer: the loader's workers are the workers
+                 steps_per_epoch: int | None = None, padding: str | None = None) -> None:
+        super().__init__(workers=1
+, use_multiprocessing=False)  # no Keras enqueuer: the loader's workers are the workers
         if steps_per_epoch is not None and not (isinstance(steps_per_epoch, int) and steps_per_epoch >= 1):
             raise ValueError(f"steps_per_epoch must be an int >= 1 or None, got {steps_per_epoch!r}")
         shards = loader.config.sharding.shard_count

@@ -51,6 +51,7 @@ def _pick(batch: Mapping[str, np.ndarray], spec: KeySpec, role: str):
         return _get(batch, spec, role)
     if isinstance(spec, dict):
         return {name: _get(batch, key, role) for name, key in spec.items()}
+    assert spec is not None  # callers pick x (never None) and a y that is not None
     return tuple(_get(batch, key, role) for key in spec)
 
 
@@ -97,6 +98,7 @@ class BatchLayout:
             return [(self.x, 0)]
         if isinstance(self.x, dict):
             return [(key, name) for name, key in self.x.items()]
+        assert self.x is not None  # refused by __post_init__
         return [(key, i) for i, key in enumerate(self.x)]
 
     def keys(self) -> list[str]:

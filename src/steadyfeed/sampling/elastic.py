@@ -22,6 +22,7 @@ shard count accepts (``Loader.load_state_dict``).
 from __future__ import annotations
 
 import copy
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -41,8 +42,8 @@ class Remainder:
         self.shard_count = count
         high = max(self.delivered)
         starts = [r + count * d for r, d in enumerate(self.delivered)]
-        band = [np.arange(start, count * high, count, dtype=np.int64) for start in starts]
-        band = np.sort(np.concatenate(band)) if band else np.zeros(0, np.int64)
+        bands = [np.arange(start, count * high, count, dtype=np.int64) for start in starts]
+        band = np.sort(np.concatenate(bands)) if bands else np.zeros(0, np.int64)
         self.band = band[band < self.parent_length]  # the ragged part, listed
         self.tail_start = count * high  # every position from here on remains
         self.length = len(self.band) + max(0, self.parent_length - self.tail_start)
@@ -83,7 +84,7 @@ class _Nested:
         return self.outer.take(self.inner.take(positions))
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     raise ValueError(f"cannot merge these loader states: {message}")
 
 
@@ -94,7 +95,8 @@ def merge_states(states: list[dict]) -> dict:
     policy applied to it; later epochs are planned for the new shards as usual.
 
     The states must come from one run: the same data, plan and epoch (a shard that already
-    finished the epoch may be at the start of the next), one state per shard index."""
+    finished the epoch may be at the start of the next), one state per shard index, and the
+    same excluded ids (``Loader.exclude``), which the merged state keeps."""
     from ..loader import check_state_format
 
     states = [copy.deepcopy(dict(s)) for s in states]
@@ -105,7 +107,9 @@ def merge_states(states: list[dict]) -> dict:
     first = states[0]
     if any(s["fingerprint"] != first["fingerprint"] for s in states):
         _fail("they were saved by loaders with different data or plans (their fingerprints differ)")
-    shards = [s.get("shard") for s in states]
+    if any(s.get("excluded") != first.get("excluded") for s in states):
+        _fail("their loaders excluded different ids (every shard must exclude the same: loader.exclude on each)")
+    shards: list[Any] = [s.get("shard") for s in states]  # None: refused next
     if any(s is None for s in shards):
         _fail("a state is itself a merge; merge the states its loaders saved")
     count = shards[0]["count"]
@@ -148,4 +152,5 @@ def _merged(first: dict, epoch: int, levels: list, order_length: int) -> dict:
 
     return {"format": STATE_FORMAT, "epoch": epoch, "next_batch": 0, "fingerprint": first["fingerprint"],
             "shard": None, "order_length": order_length,
-            "remainder": {"epoch": epoch, "levels": levels} if levels else None}
+            "remainder": {"epoch": epoch, "levels": levels} if levels else None,
+            "excluded": first.get("excluded")}

@@ -17,6 +17,8 @@ lands inside (cycle walking), which a grid this tight makes rare (a share under
   positions indistinguishable
   from uniform and no correlation between neighbouring values (``tests/test_permutation.py``
   checks both with fixed keys);
+* **invertible** in the same cost: ``positions_of(values)`` runs the rounds backwards (and
+  walks the cycle backwards), so where a given value lies is found without the permutation;
 * the key is hashed from integer words (``SeedSequence``), so (seed, epoch) and
   (seed + 1, epoch - 1) give unrelated permutations.
 
@@ -73,6 +75,33 @@ class Permutation:
             else:
                 right = (right + _mix(left ^ k) % b) % b
         return left * b + right
+
+    def _decrypt(self, x: np.ndarray) -> np.ndarray:
+        """The inverse of ``_encrypt``: the rounds backwards, each subtracting what it added."""
+        a, b = self._a, self._b
+        left, right = x // b, x % b
+        for r in reversed(range(len(self._keys))):
+            k = self._keys[r]
+            if r % 2 == 0:
+                left = (left + a - _mix(right ^ k) % a) % a
+            else:
+                right = (right + b - _mix(left ^ k) % b) % b
+        return left * b + right
+
+    def positions_of(self, values) -> np.ndarray:
+        """The positions holding ``values`` (each in ``range(n)``): ``take(positions_of(v)) == v``."""
+        values = np.asarray(values, dtype=np.int64)
+        if values.size and (values.min() < 0 or values.max() >= self.n):
+            raise IndexError(f"values must lie in range({self.n})")
+        if self.n <= 1:
+            return values.copy()
+        x = self._decrypt(values.astype(np.uint64).reshape(-1))
+        outside = np.flatnonzero(x >= self.n)
+        while outside.size:  # the cycle walked backwards: out-of-range cells are passed through
+            walked = self._decrypt(x[outside])
+            x[outside] = walked
+            outside = outside[walked >= self.n]
+        return x.astype(np.int64).reshape(values.shape)
 
     def take(self, positions) -> np.ndarray:
         """The values at ``positions`` (int64 array, each in ``range(n)``), as int64."""

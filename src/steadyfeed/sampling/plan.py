@@ -55,7 +55,8 @@ class EpochPlan:
     ``order`` is the epoch's lazy order (``samplers.Order``); ``remainder`` (optional)
     maps this plan's positions to the order's (an elastic resume, ``elastic.Remainder``).
     A batch's ``draws`` are the order positions of its ids when the order may repeat ids,
-    so every appearance of an id gets its own random stream.
+    so every appearance of an id gets its own random stream (positions of the order before
+    any exclusion, ``exclusion.py``, so excluding one id changes no other id's stream).
     """
 
     def __init__(self, order, *, batch_size: int, shard_index: int, shard_count: int, last_batch: str,
@@ -101,8 +102,13 @@ class EpochPlan:
         else:  # a batch made only of shard padding: borrow one id for its shape
             positions = self.order_positions(np.zeros(1, np.int64))
             ids = self.order.take(positions)
-        return BatchSpec(index=index, ids=ids, draws=positions if self._draws else None,
+        return BatchSpec(index=index, ids=ids, draws=self._draws_at(positions) if self._draws else None,
                          pad_to=self.batch_size if self.last_batch == "pad" else None, num_real=num_real)
+
+    def _draws_at(self, positions: np.ndarray) -> np.ndarray:
+        """The draw numbers of these order positions: the positions in the order before exclusion."""
+        before_exclusion = getattr(self.order, "source_positions", None)
+        return positions if before_exclusion is None else before_exclusion(positions)
 
     def _block_for(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Ids and order positions of this shard's positions ``lo..hi-1``, computed a block of

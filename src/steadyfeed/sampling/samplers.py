@@ -64,6 +64,11 @@ class RangeOrder:
     def take(self, positions) -> np.ndarray:
         return _positions(positions).copy()
 
+    def positions_of(self, ids) -> np.ndarray:
+        """Where ``ids`` lie (for exclusion, ``exclusion.py``): ids 0..n-1 are their own positions."""
+        ids = _positions(ids)
+        return ids[(ids >= 0) & (ids < self.n)]
+
 
 class PermutedOrder:
     """A keyed permutation of 0..n-1 (``permutation.Permutation``)."""
@@ -79,6 +84,11 @@ class PermutedOrder:
     def take(self, positions) -> np.ndarray:
         return self.permutation.take(positions)
 
+    def positions_of(self, ids) -> np.ndarray:
+        """Where ``ids`` lie: the inverse permutation, O(len(ids))."""
+        ids = _positions(ids)
+        return self.permutation.positions_of(ids[(ids >= 0) & (ids < len(self))])
+
 
 class ArrayOrder:
     """An order given as an array (what a custom sampler's ``epoch_order`` returns)."""
@@ -92,6 +102,10 @@ class ArrayOrder:
 
     def take(self, positions) -> np.ndarray:
         return self.ids[_positions(positions)]
+
+    def positions_of(self, ids) -> np.ndarray:
+        """Every position holding one of ``ids`` (the array is at hand: one pass over it)."""
+        return np.flatnonzero(np.isin(self.ids, _positions(ids)))
 
 
 def order_of(sampler, num_items: int, seed: int, epoch: int) -> Order:
@@ -169,7 +183,8 @@ class WeightedSampler(_LazySampler):
     Keeps O(N) floats (the weights' cumulative sums); each draw is computed on its own.
     """
 
-    def __init__(self, weights: Sequence[float], num_samples: int | None = None, replacement: bool = True):
+    def __init__(self, weights: Sequence[float] | np.ndarray, num_samples: int | None = None,
+                 replacement: bool = True) -> None:
         w = np.asarray(weights, dtype=np.float64)
         if w.ndim != 1 or len(w) == 0:
             raise ValueError("weights must be a non-empty 1-D sequence")
@@ -188,7 +203,7 @@ class WeightedSampler(_LazySampler):
         self._cdf = cdf
 
     @classmethod
-    def balanced(cls, labels: Sequence, num_samples: int | None = None) -> "WeightedSampler":
+    def balanced(cls, labels: Sequence | np.ndarray, num_samples: int | None = None) -> "WeightedSampler":
         """Every class is drawn equally often in expectation (weight 1 / class count)."""
         labels = np.asarray(labels)
         _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import mmap
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -32,14 +33,16 @@ class ArraySource:
     ['x', 'y']
     """
 
-    def __init__(self, **arrays):
+    def __init__(self, **arrays: Any) -> None:
         if not arrays:
             raise ValueError("ArraySource needs at least one named array, e.g. ArraySource(x=..., y=...)")
         self.arrays = {name: a if isinstance(a, np.ndarray) else np.asarray(a) for name, a in arrays.items()}
         lengths = {name: (a.shape[0] if a.ndim else None) for name, a in self.arrays.items()}
         if None in lengths.values() or len(set(lengths.values())) != 1:
             raise ValueError(f"ArraySource arrays must have the same first dimension, got {lengths}")
-        self._len = next(iter(lengths.values()))
+        length = next(iter(lengths.values()))
+        assert length is not None  # checked just above
+        self._len: int = length
 
     def __len__(self) -> int:
         return self._len
@@ -49,11 +52,11 @@ class ArraySource:
             raise IndexError(f"sample id {i} out of range for ArraySource of length {self._len}")
         return {name: a[i] for name, a in self.arrays.items()}
 
-    def read_batch(self, ids) -> dict[str, np.ndarray]:
+    def read_batch(self, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
         ids = np.asarray(ids, dtype=np.int64)
         return {name: a[ids] for name, a in self.arrays.items()}  # one gather per array
 
-    def read_many(self, ids) -> list[dict]:
+    def read_many(self, ids: Sequence[int] | np.ndarray) -> list[dict]:
         return split_rows(self.read_batch(ids))
 
     def locate(self, i: int) -> str:

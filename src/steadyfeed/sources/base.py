@@ -27,7 +27,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterator, Literal, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -87,7 +87,7 @@ def locate(source: Any, sample_id: int) -> str | None:
         return None
 
 
-def read_many(source: Any, ids: Sequence[int]) -> list[Mapping[str, Any]] | None:
+def read_many(source: Any, ids: Sequence[int] | np.ndarray) -> list[Mapping[str, Any]] | None:
     """The batch via ``source.read_many`` when offered and successful, else None.
 
     None means "read one by one": a failing batched read is retried per sample so
@@ -117,7 +117,7 @@ def file_fingerprint(paths) -> str:
     return digest.hexdigest()
 
 
-def read_columns(source: Any, ids: Sequence[int]) -> dict[str, np.ndarray] | None:
+def read_columns(source: Any, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray] | None:
     """The batch via ``source.read_batch`` when offered and well-formed, else None.
 
     None means "take the per-sample path", which pins any failure on its sample id.
@@ -301,7 +301,7 @@ class LazyHandles:
         return {"_opener": self._opener, "_closer": self._closer, "_max_open": self._max_open}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["_opener"], state["_closer"], state.get("_max_open"))
+        LazyHandles.__init__(self, state["_opener"], state["_closer"], state.get("_max_open"))
 
 
 _EVERY_HANDLES: "weakref.WeakSet[LazyHandles]" = weakref.WeakSet()  # what an EMFILE may close
@@ -328,9 +328,9 @@ class MappedFile:
     offset: int
     dtype: np.dtype  # the dtype itself: a string would lose structured dtypes
     shape: tuple
-    order: str
+    order: Literal["C", "F"]
 
-    def open(self, file=None) -> np.memmap:
+    def open(self, file: Any = None) -> np.memmap:
         """The mapping, of ``file`` (an open file object of ``filename``) when given."""
         return np.memmap(self.filename if file is None else file, dtype=np.dtype(self.dtype), mode="r",
                          offset=self.offset, shape=self.shape, order=self.order)

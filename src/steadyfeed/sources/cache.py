@@ -35,7 +35,7 @@ import shutil
 import threading
 import warnings
 import zlib
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -66,7 +66,7 @@ class _Cache(SourceWrapper):
 
     _PER_PROCESS: tuple = ("_lock", "_hits", "_misses")
 
-    def __init__(self, source: Any):
+    def __init__(self, source: Any) -> None:
         super().__init__(source)
         self._init_state()
 
@@ -80,11 +80,11 @@ class _Cache(SourceWrapper):
         sample = self._counted(self._get(i))
         return sample if sample is not None else self._keep(i, self.source[i])
 
-    def read_many(self, ids) -> list[dict[str, np.ndarray]]:
+    def read_many(self, ids: Sequence[int] | np.ndarray) -> list[dict[str, np.ndarray]]:
         """Hits from the cache; misses in one ``source.read_many`` call when it offers one."""
         return self._samples(ids, copy=True)
 
-    def read_batch(self, ids) -> dict[str, np.ndarray]:
+    def read_batch(self, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
         """The batch as fresh stacked columns: hits are stacked straight from the cache (one copy,
         the stack), which lets the engine skip its per-sample path when there is no transform."""
         samples = self._samples(ids, copy=False)
@@ -102,6 +102,12 @@ class _Cache(SourceWrapper):
             for p, i, raw in zip(missing, miss_ids, raws):
                 samples[p] = self._keep(i, raw)
         return samples
+
+    def _get(self, i: int, copy: bool = True) -> dict[str, np.ndarray] | None:
+        raise NotImplementedError  # provided by each cache
+
+    def _put(self, i: int, sample: dict[str, np.ndarray]) -> None:
+        raise NotImplementedError  # provided by each cache
 
     # -- the shared path ------------------------------------------------------------------
     def _index(self, i) -> int:
@@ -157,7 +163,7 @@ class MemoryCache(_Cache):
 
     _PER_PROCESS = _Cache._PER_PROCESS + ("_stored", "_bytes")
 
-    def __init__(self, source: Any, max_bytes: int):
+    def __init__(self, source: Any, max_bytes: int) -> None:
         super().__init__(source)
         if int(max_bytes) < 0:
             raise ValueError(f"max_bytes must be a byte count >= 0, got {max_bytes!r}")
@@ -256,7 +262,7 @@ class DiskCache(_Cache):
     _PER_PROCESS = _Cache._PER_PROCESS + ("_corrupt", "_write_errors")
     unwritable: str | None = None  # why the directory cannot take new files, when it cannot
 
-    def __init__(self, source: Any, directory: str | os.PathLike, *, key: str | None = None):
+    def __init__(self, source: Any, directory: str | os.PathLike[str], *, key: str | None = None) -> None:
         super().__init__(source)
         if key is not None and not isinstance(key, str):
             raise TypeError(f"key must be a string, got {type(key).__name__}")

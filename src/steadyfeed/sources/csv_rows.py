@@ -51,6 +51,7 @@ import io
 import os
 from array import array
 from dataclasses import dataclass, replace
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -263,7 +264,7 @@ class _Key:
     vector: bool
     labels: bool = False  # a class key
     classes: tuple = ()
-    fill: object = None  # np.ndarray of dtype, 0-d, or None
+    fill: np.ndarray | None = None  # 0-d, of dtype
 
     def describe(self) -> str:
         return "class names" if self.labels else str(self.dtype)
@@ -355,8 +356,11 @@ class CsvSource:
     says so and the index travels to worker processes in the pickle.
     """
 
-    def __init__(self, path, /, *, dtypes=None, fill=None, na_values=NA_VALUES, header=True, delimiter=",",
-                 quotechar='"', escapechar=None, encoding="utf-8", cache_dir=None, max_row_bytes=1 << 20, **keys):
+    def __init__(self, path: str | os.PathLike[str], /, *, dtypes: Mapping[str, Any] | None = None,
+                 fill: Mapping[str, Any] | None = None, na_values: Iterable[str] = NA_VALUES, header: bool = True,
+                 delimiter: str = ",", quotechar: str | None = '"', escapechar: str | None = None,
+                 encoding: str = "utf-8", cache_dir: str | os.PathLike[str] | None = None,
+                 max_row_bytes: int = 1 << 20, **keys: str | int | Sequence[str | int]) -> None:
         self.path = os.fspath(path)
         self.dialect = _Dialect(delimiter, quotechar, escapechar, encoding, bool(header), int(max_row_bytes))
         st = os.stat(self.path)
@@ -367,9 +371,9 @@ class CsvSource:
         self.na_values = frozenset(na_values)
         self._stamp = index_cache.file_stamp(st, FORMAT_VERSION, self.dialect.digest(), start)
         self._span = (start, st.st_size)  # where the rows lie
-        self._cache = index_cache.cache_path(self.path, cache_dir)
+        self._cache: str | None = index_cache.cache_path(self.path, cache_dir)
         index = _Index.load(self._cache, self._stamp, *self._span)  # (an index of 0 rows is falsy: compare with None)
-        self._index = self._build(st, line) if index is None else index
+        self._index: _Index | None = self._build(st, line) if index is None else index
         self._len = len(self._index)
         self._handles = LazyHandles(_Opener(self.path, st.st_size, st.st_mtime_ns), os.close)
         self.keys = {key: self._finish_key(key, sel, (fill or {}).get(key)) for key, sel in self.keys.items()}
@@ -390,7 +394,7 @@ class CsvSource:
         return replace(sel, classes=classes, fill=fill)
 
     def _class_names(self, sel: _Key) -> tuple:
-        names = set()
+        names: set[str] = set()
         for start in range(0, self._len, _CLASS_ROWS_PER_READ):
             ids = range(start, min(start + _CLASS_ROWS_PER_READ, self._len))
             for i, fields in zip(ids, self.records(ids)):
@@ -420,6 +424,7 @@ class CsvSource:
         now = os.stat(self.path)
         if (now.st_size, now.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
             raise DataError(f"{self.path}: changed while it was being indexed; try again once it is complete")
+        assert self._cache is not None  # _build runs in __init__, before the path can become None
         try:
             index.save(self._cache, self._stamp)
         except OSError as exc:
@@ -431,6 +436,7 @@ class CsvSource:
     def _idx(self) -> _Index:
         index = self._index
         if index is None:  # dropped by close() or pickling: reload (two threads may both; either copy is right)
+            assert self._cache is not None  # only a saved index is dropped
             index = self._index = _Index.load(self._cache, self._stamp, *self._span)
             if index is None:
                 raise DataError(f"{self.path}: its index {self._cache} is gone or was rebuilt for a changed "
@@ -446,7 +452,7 @@ class CsvSource:
     def __getitem__(self, i: int) -> dict:
         return self.read_many([i])[0]
 
-    def read_many(self, ids) -> list[dict]:
+    def read_many(self, ids: Sequence[int] | np.ndarray) -> list[dict]:
         rows = self._rows(ids)
         with np.errstate(over="raise"):  # "1e40" as float32 is an error, not inf
             return [self._sample(i, fields) for i, fields in rows]
@@ -455,7 +461,7 @@ class CsvSource:
         """Row ``i`` as csv.reader gives it: every field, as text."""
         return self._rows([i])[0][1]
 
-    def records(self, ids) -> list[list[str]]:
+    def records(self, ids: Sequence[int] | np.ndarray) -> list[list[str]]:
         """``fields`` of each id (consecutive ids are read with one pread): for scanning a file."""
         return [fields for _, fields in self._rows(ids)]
 

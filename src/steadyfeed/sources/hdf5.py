@@ -33,7 +33,7 @@ import functools
 import hashlib
 import math
 import os
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -60,7 +60,7 @@ class Hdf5Source:
     ['x', 'y']
     """
 
-    def __init__(self, path, /, *, swmr: bool = False, **keys: str):
+    def __init__(self, path: str | os.PathLike[str], /, *, swmr: bool = False, **keys: str) -> None:
         if h5py is None:
             raise ImportError("Hdf5Source needs h5py: pip install 'steadyfeed[hdf5]'")
         if not keys:
@@ -88,7 +88,7 @@ class Hdf5Source:
     def __getitem__(self, i: int) -> dict:
         return self.read_many([i])[0]
 
-    def read_batch(self, ids) -> dict[str, np.ndarray]:
+    def read_batch(self, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
         """The rows for ``ids`` as stacked columns, in order, repeats allowed; see :meth:`_read_rows`."""
         ids = self._checked_ids(ids)
         increasing = len(ids) < 2 or bool((ids[1:] > ids[:-1]).all())
@@ -99,7 +99,7 @@ class Hdf5Source:
             columns = {name: col[inverse] for name, col in columns.items()}
         return columns
 
-    def read_many(self, ids) -> list[dict]:
+    def read_many(self, ids: Sequence[int] | np.ndarray) -> list[dict]:
         return split_rows(self.read_batch(ids))
 
     def _checked_ids(self, ids) -> np.ndarray:
@@ -117,7 +117,9 @@ class Hdf5Source:
             return self._read_hdf5_rows(name, handle.datasets[name], ids)
         shape, dtype = self._rows[name]
         out = np.empty((len(ids), *shape), dtype)
-        self._read_raw_rows(name, handle.fd, raw, ids, out.view(np.uint8).reshape(len(ids), raw.row_bytes))
+        assert handle.fd is not None  # opened for every dataset stored raw
+        self._read_raw_rows(
+name, handle.fd, raw, ids, out.view(np.uint8).reshape(len(ids), raw.row_bytes))
         return out
 
     def _read_raw_rows(self, name: str, fd: int, raw: RawRows, ids: np.ndarray, out: np.ndarray) -> None:

@@ -12,7 +12,7 @@ import hashlib
 import io
 import os
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -46,14 +46,15 @@ class ImageReader:
     size and the refusals): ``load(path)`` the pixels, ``header(path)`` what the header says.
     Also what ``steadyfeed inspect`` reads images with, so it refuses what a loader refuses."""
 
-    def __init__(self, size=None, channels=3, *, max_pixels=MAX_PIXELS, max_bytes=MAX_BYTES):
+    def __init__(self, size: Sequence[int] | None = None, channels: int = 3, *, max_pixels: int = MAX_PIXELS,
+                 max_bytes: int = MAX_BYTES) -> None:
         if channels not in _PIL_MODES:
             raise ValueError(f"channels must be 1, 3 or 4, got {channels!r}")
         self.size = _check_size(size)
         self.channels = channels
         self.max_pixels, self.max_bytes = int(max_pixels), int(max_bytes)
 
-    def header(self, path) -> ImageHeader:
+    def header(self, path: str | os.PathLike[str]) -> ImageHeader:
         """What the header of one image file says, refused as ``load`` would refuse it for what
         the header shows (empty, over ``max_bytes``, not an image, over ``max_pixels``); the
         pixels are not decoded (``load`` also finds truncated or corrupt pixel data)."""
@@ -77,11 +78,11 @@ class ImageReader:
             raise DataError(f"{path}: empty file (0 bytes); expected an image file")
         return data
 
-    def load(self, path) -> np.ndarray:
+    def load(self, path: str | os.PathLike[str]) -> np.ndarray:
         """One image file decoded as this folder's samples are (any path, not only ours)."""
         return self.decode(self._bytes(path), path)
 
-    def decode(self, data: bytes, path="image bytes") -> np.ndarray:
+    def decode(self, data: bytes, path: str | os.PathLike[str] = "image bytes") -> np.ndarray:
         """An encoded image (the bytes of a file) decoded as ``load`` decodes a file: the same
         decoders, size, channels and refusals; ``path`` names it in errors."""
         if not data:
@@ -90,7 +91,7 @@ class ImageReader:
             raise DataError(f"{path}: {len(data):,} bytes, more than max_bytes={self.max_bytes:,}; refused without "
                             f"decoding")
         try:
-            image = self._jpeg(data, path) if data[:2] == b"\xff\xd8" else None
+            image: np.ndarray | Image.Image | None = self._jpeg(data, path) if data[:2] == b"\xff\xd8" else None
             if image is None:
                 image = self._pillow(data, path)
             return self._finish(image)
@@ -149,7 +150,8 @@ def _reader(size, channels: int, max_pixels: int, max_bytes: int) -> ImageReader
     return ImageReader(size, channels, max_pixels=max_pixels, max_bytes=max_bytes)
 
 
-def decode_image(data, size=None, channels: int = 3, *, max_pixels: int = MAX_PIXELS, max_bytes: int = MAX_BYTES,
+def decode_image(data: bytes | bytearray | memoryview | np.ndarray, size: Sequence[int] | None = None,
+                 channels: int = 3, *, max_pixels: int = MAX_PIXELS, max_bytes: int = MAX_BYTES,
                  where: str = "image bytes") -> np.ndarray:
     """Encoded image bytes (a JPEG, PNG, ... as stored in a TFRecord ``image/encoded`` feature, a
     WebDataset member or a Parquet binary column) as a uint8 ``(h, w, channels)`` array, decoded
@@ -206,8 +208,10 @@ class ImageFolder(ImageReader):
     for a root without class folders or a class folder without images.
     """
 
-    def __init__(self, root, size=None, channels=3, *, extensions=IMAGE_EXTENSIONS,
-                 max_pixels=MAX_PIXELS, max_bytes=MAX_BYTES, cache_dir=None, progress=True):
+    def __init__(self, root: str | os.PathLike[str], size: Sequence[int] | None = None, channels: int = 3, *,
+                 extensions: Iterable[str] = IMAGE_EXTENSIONS, max_pixels: int = MAX_PIXELS,
+                 max_bytes: int = MAX_BYTES, cache_dir: str | os.PathLike[str] | None = None,
+                 progress: bool = True) -> None:
         super().__init__(size, channels, max_pixels=max_pixels, max_bytes=max_bytes)
         self.root = os.path.abspath(os.fspath(root))
         self.extensions = frozenset("." + e.lower().lstrip(".") for e in extensions)

@@ -27,7 +27,7 @@ import hashlib
 import os
 import tempfile
 from array import array
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -174,7 +174,8 @@ class _Builder:
         self.buffer, self.offsets = bytearray(), array("q", [0])
         self.dir_buffer, self.dir_offsets = bytearray(), array("q", [0])
         self.mtimes, self.inodes = array("q"), array("q")
-        self._bar, self._progress = None, progress
+        self._bar: Any = None  # a progress bar once the listing is long
+        self._progress = progress
 
     def add_file(self, relative: bytes) -> None:
         self.buffer += relative

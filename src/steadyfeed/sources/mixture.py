@@ -64,7 +64,7 @@ class Mixture:
     each component's passes. See the module docstring for the guarantees."""
 
     def __init__(self, sources: Sequence[Any] | Mapping[str, Any], weights: Sequence[float] | None = None, *,
-                 length: int | None = None, seed: int = 0):
+                 length: int | None = None, seed: int = 0) -> None:
         if isinstance(sources, Mapping):
             names, sources = [str(k) for k in sources], list(sources.values())
         else:
@@ -126,7 +126,7 @@ class Mixture:
             self._passes[component] = cached
         return cached[1]
 
-    def components_of(self, ids) -> np.ndarray:
+    def components_of(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """The component index of each id (for counting per component)."""
         return np.array([self._route(int(i))[0] for i in np.asarray(ids).reshape(-1)], dtype=np.int64)
 
@@ -134,7 +134,7 @@ class Mixture:
         component, item = self.resolve(i)
         return self.sources[component][item]
 
-    def read_many(self, ids) -> list:
+    def read_many(self, ids: Sequence[int] | np.ndarray) -> list:
         """The samples of ``ids``, read per component in one call each where it offers one."""
         found = [self.resolve(i) for i in ids]
         out: list = [None] * len(found)

@@ -17,6 +17,7 @@ import math
 import os
 import struct
 from dataclasses import dataclass
+from typing import Literal, Sequence
 
 import numpy as np
 
@@ -37,7 +38,7 @@ class _Layout:
 
     dtype: np.dtype
     shape: tuple
-    order: str  # "C" or "F"
+    order: Literal["C", "F"]
     offset: int  # first data byte
     nbytes: int
     header: bytes  # the header itself (magic to padding), for byte-for-byte comparison
@@ -94,7 +95,8 @@ def npy_layout(fd: int, path: str) -> _Layout:
 
 def _read_into(fd: int, out: np.ndarray, offset: int, path: str) -> None:
     """Fill ``out`` with the file's bytes from ``offset``."""
-    missing = pread_fully(fd, memoryview(out.reshape(-1, order="A").view(np.uint8)), offset)
+    missing = pread_fully(fd, memoryview(out.reshape(-1, order="A").view(np.uint8)),  # type: ignore[arg-type]
+                          offset)  # numpy's stubs give ndarray a __buffer__ on Python >= 3.12 only
     if missing:
         raise DataError(f"{path}: file shrank while being read ({missing} bytes missing at offset "
                         f"{offset + out.nbytes - missing})")
@@ -214,7 +216,8 @@ class NpyPairs:
     threads.
     """
 
-    def __init__(self, inputs_dir: str | os.PathLike, labels_dir: str | os.PathLike, *, cache_dir=None):
+    def __init__(self, inputs_dir: str | os.PathLike[str], labels_dir: str | os.PathLike[str], *,
+                 cache_dir: str | os.PathLike[str] | None = None) -> None:
         self.dirs = {"x": os.fspath(inputs_dir), "y": os.fspath(labels_dir)}
         inputs = _npy_listing(self.dirs["x"], "inputs", cache_dir)
         labels = _npy_listing(self.dirs["y"], "labels", cache_dir)
@@ -241,7 +244,7 @@ class NpyPairs:
     def __getitem__(self, i: int) -> dict:
         return {key: read_npy(path) for key, path in self.paths(i).items()}
 
-    def read_batch(self, ids) -> dict[str, np.ndarray]:
+    def read_batch(self, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
         """The pairs for ``ids`` read straight into one array per key. Any file that differs from
         the first (shape, dtype, Fortran order) raises; the engine then reads one by one, which
         names the sample."""
@@ -340,7 +343,7 @@ class NpyArray:
     mapped instead, and checked before each read).
     """
 
-    def __init__(self, **paths: str | os.PathLike):
+    def __init__(self, **paths: str | os.PathLike[str]) -> None:
         if not paths:
             raise ValueError("NpyArray needs at least one named file, e.g. NpyArray(x='x.npy', y='y.npy')")
         self.files = {name: _checked_mapping(os.fspath(p)) for name, p in paths.items()}
@@ -365,7 +368,7 @@ class NpyArray:
             raise IndexError(f"sample id {i} out of range for NpyArray of length {self._len}")
         return {name: block[0, ...] for name, block in self._blocks(np.array([i], np.int64)).items()}
 
-    def read_many(self, ids) -> list[dict]:
+    def read_many(self, ids: Sequence[int] | np.ndarray) -> list[dict]:
         rows, back = np.unique(np.asarray(ids, dtype=np.int64), return_inverse=True)  # sorted, deduplicated
         if not len(rows):
             return []

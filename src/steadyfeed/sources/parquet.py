@@ -31,7 +31,7 @@ import hashlib
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -192,7 +192,7 @@ class _RowGroups:
         return {"max_bytes": self.max_bytes}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["max_bytes"])
+        _RowGroups.__init__(self, state["max_bytes"])
 
 
 def _open_parquet(key):
@@ -212,7 +212,9 @@ class ParquetSource:
     own name. ``fill`` maps keys to the value a null takes.
     """
 
-    def __init__(self, paths, /, *, fill: dict | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES, **keys):
+    def __init__(self, paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], /, *,
+                 fill: dict | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 **keys: str | Sequence[str]) -> None:
         pq = pyarrow_module().parquet
         self.paths = parquet_files(paths)
         metas = []
@@ -234,7 +236,9 @@ class ParquetSource:
         self._handles = LazyHandles(_open_parquet)
         self._cache = _RowGroups(int(cache_bytes))
         if not all(key.stacks for key in self.keys.values()):
-            self.read_batch = None  # a list column has no stacked batch: the engine reads samples (read_many)
+            # a list column has no stacked batch: the engine reads samples (read_many); setattr: an
+            # instance attribute hides the method
+            setattr(self, "read_batch", None)
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -271,10 +275,10 @@ class ParquetSource:
         group = self._group(g)
         return {key: self._value(i, group, row, key, sel) for key, sel in self.keys.items()}
 
-    def read_many(self, ids) -> list[dict]:
+    def read_many(self, ids: Sequence[int] | np.ndarray) -> list[dict]:
         return [self[i] for i in ids]
 
-    def read_batch(self, ids) -> dict[str, np.ndarray]:
+    def read_batch(self, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
         """The rows of ``ids`` as stacked columns, one decode per row group they touch."""
         ids = np.asarray(ids, dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= len(self)):
@@ -309,7 +313,7 @@ class ParquetSource:
         if nulls is not None and nulls[row]:
             if sel.fill is not None:
                 return sel.fill
-            if column.kind == "number" and column.dtype.kind == "f":
+            if column.kind == "number" and column.dtype is not None and column.dtype.kind == "f":
                 return np.asarray(np.nan, dtype=column.dtype)
             raise DataError(f"{self.locate(i)}: column {column.name!r} ({column.type_text}) is null; pass "
                             f"fill={{{key!r}: value}} for null values")

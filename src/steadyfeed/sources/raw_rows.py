@@ -75,12 +75,13 @@ def read_rows(fd: int, raw: RawRows, ids: np.ndarray, out: np.ndarray, gap_bytes
     """
     rb = raw.row_bytes
     reads, offsets = raw_reads(raw, ids, gap_bytes)
-    flat, listed = memoryview(out.reshape(-1)), ids.tolist()  # slicing these is cheap
+    # (ignore: numpy's stubs give ndarray a __buffer__ on Python >= 3.12 only)
+    flat, listed = memoryview(out.reshape(-1)), ids.tolist()  # type: ignore[arg-type]  # slicing these is cheap
     for a, b in reads:
         start, last = listed[a], listed[b - 1]
         # consecutive ids go straight into the output; ids a few rows apart share a read of their span
         span = None if last - start + 1 == b - a else np.empty((last - start + 1, rb), np.uint8)
-        view = flat[a * rb:b * rb] if span is None else memoryview(span.reshape(-1))
+        view = flat[a * rb:b * rb] if span is None else memoryview(span.reshape(-1))  # type: ignore[arg-type]
         if os.preadv(fd, [view], offsets[a]) != len(view) and pread_fully(fd, view, offsets[a]):  # rare
             return start, last
         if span is not None:

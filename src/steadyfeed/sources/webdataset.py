@@ -31,6 +31,7 @@ import os
 import re
 import tarfile
 from dataclasses import dataclass, field
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -202,7 +203,7 @@ def _load_shard(path: str, cache_dir) -> _Shard:
 def _group(shard: _Shard) -> None:
     """Consecutive members with the same key are one sample (members without an extension are
     not part of any, as in webdataset)."""
-    samples = []
+    samples: list[tuple[str, int, int]] = []
     for m, name in enumerate(shard.names):
         match = _KEY_EXT.match(name)
         if match is None:
@@ -216,7 +217,9 @@ def _group(shard: _Shard) -> None:
 
 
 def _ext(name: str) -> str:
-    return _KEY_EXT.match(name).group(2).lower()
+    match = _KEY_EXT.match(name)
+    assert match is not None  # a member of a sample: its name matched in _group
+    return match.group(2).lower()
 
 
 class WebDatasetSource:
@@ -230,7 +233,9 @@ class WebDatasetSource:
     requires them (``"jpg;png"``: the first of these that the sample has).
     """
 
-    def __init__(self, shards, keys=None, *, cache_dir=None):
+    def __init__(self, shards: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+                 keys: dict[str, str] | Iterable[str] | None = None, *,
+                 cache_dir: str | os.PathLike[str] | None = None) -> None:
         self.paths = shard_files(shards)
         self._shards = [_load_shard(path, cache_dir) for path in self.paths]
         for shard in self._shards:
@@ -303,12 +308,13 @@ class WebDatasetSource:
         return data
 
     def _break_error(self, shard: _Shard, fd: int) -> DataError:
+        assert shard.broken is not None  # only for a shard whose tar stream breaks
         reason = _break_reason(fd, os.fstat(fd).st_size, shard.broken)
         before = (f"the {len(shard.samples)} sample(s) before it read" if shard.samples
                   else "no sample before it (is it a tar file?)")
         return DataError(f"{shard.path}: the tar stream breaks at byte {shard.broken}: {reason}; {before}")
 
-    def read_many(self, ids) -> list[dict]:
+    def read_many(self, ids: Sequence[int] | np.ndarray) -> list[dict]:
         return [self[i] for i in ids]
 
     def fingerprint(self) -> str:

@@ -15,13 +15,13 @@ A subclass overrides :meth:`wrap_sample`, or ``__getitem__`` / ``read_many`` the
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from .base import check_source, close_source
 
 
 class SourceWrapper:
-    def __init__(self, source: Any):
+    def __init__(self, source: Any) -> None:
         check_source(source)
         self.source = source
 
@@ -38,16 +38,16 @@ class SourceWrapper:
     # Properties, so that each exists on the wrapper exactly when it exists on the source:
     # a missing one raises AttributeError, and getattr(wrapper, name, None) gives None.
     @property
-    def read_many(self):
+    def read_many(self) -> Callable[[Any], Sequence[Mapping[str, Any]]]:
         inner = self.source.read_many
         return lambda ids: [self.wrap_sample(int(i), sample) for i, sample in zip(ids, inner(ids))]
 
     @property
-    def locate(self):
+    def locate(self) -> Callable[[int], str]:
         return self.source.locate
 
     @property
-    def fingerprint(self):
+    def fingerprint(self) -> Callable[[], str]:
         return self.source.fingerprint
 
     def close(self) -> None:

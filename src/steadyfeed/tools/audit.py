@@ -6,13 +6,22 @@ What is checked (each a :class:`CheckResult` of the :class:`AuditReport`):
 * ``readable``: one pass over the source as stored (id order, one id per read, no
   transform) reads every sample without error. That pass also records each sample's label keys, its content
   digest (for ``against``) and the ``checks`` of :mod:`steadyfeed.quality`
-  (``quality:<name>``).
+  (``quality:<name>``); image checks (``blur``, ``underexposed``, ``overexposed``,
+  ``low_contrast``) are scored by that pass's workers and judged against ``thresholds`` or
+  the scores' own robust outliers (``diagnostics/image_quality.py``); the report's
+  ``findings["quality"]`` lists the flagged images with a per-class breakdown. With
+  ``near_duplicates`` (a distance in bits), the same workers hash every image
+  (``diagnostics/near_duplicates.py``): ``near_duplicates`` fails for pairs of near-identical
+  images within the split, ``near_contamination`` for pairs across it and ``against``;
+  ``findings["duplicates"]`` lists the pairs, closest first.
 * ``exactly_once`` per setting and epoch: the delivered ids (padded rows left out) are
   every id of ``range(len(source))`` exactly once, none out of range. With shards, all
   ``shard_count`` shards of the epoch are run and checked together (disjoint and
   complete). Under ``drop_last`` / ``last_batch="drop"`` the ids must be distinct and
   exactly as many as the documented rule keeps (``R * ((N // R) // B) * B``); which
-  ones were dropped is the sampler's choice and is not checked. Samples skipped under
+  ones were dropped is the sampler's choice and is not checked. Ids the loader excludes in
+  that epoch (``exclude=``, ``loader.exclude``) are expected absent: they are reported as
+  ``excluded``, never as missing, and one that is delivered fails the check. Samples skipped under
   ``on_error="skip"`` and an epoch stopped by an error fail the check. With a
   :class:`~steadyfeed.WeightedSampler` ids repeat or stay out by design: the check is
   ``ids_in_range`` instead.
@@ -43,6 +52,8 @@ import numpy as np
 
 from .. import quality
 from ..config import MODES
+from ..diagnostics import image_quality, near_duplicates
+from ..sources.base import locate
 from ..loader import Loader
 from ..sampling.samplers import WeightedSampler
 from ..progress import progress_bar
@@ -80,6 +91,7 @@ class AuditReport:
     settings: list[str]
     loader: str
     checks: list[CheckResult]
+    findings: dict = field(default_factory=dict)  # the sections of diagnostics/__init__.py
 
     @property
     def passed(self) -> bool:
@@ -93,7 +105,7 @@ class AuditReport:
         """JSON-ready and stable: ``format``, ``passed``, the run's shape, ``checks`` in report order."""
         return {"format": FORMAT, "passed": self.passed, "target": self.target, "samples": self.samples,
                 "epochs": self.epochs, "settings": self.settings, "loader": self.loader,
-                "checks": [{**asdict(c), "passed": c.passed} for c in self.checks]}
+                "checks": [{**asdict(c), "passed": c.passed} for c in self.checks], "findings": self.findings}
 
     def table(self) -> str:
         """One line per check: status, name, where, what was found."""
@@ -151,6 +163,30 @@ class SourceScan:
     failed: list[dict] = field(default_factory=list)  # quarantine entries
     problems: list[quality.Problem] = field(default_factory=list)
     irregular: set[str] = field(default_factory=set)  # label keys whose shape varies: not kept
+    scores: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)  # (key, image check) -> score per id
+    hashes: dict[str, np.ndarray] = field(default_factory=dict)  # image key -> perceptual hash per id
+    hashed: dict[str, np.ndarray] = field(default_factory=dict)  # image key -> bool per id: hashed
+
+    def store_hashes(self, ids: np.ndarray, found: dict[str, np.ndarray]) -> None:
+        for key, values in found.items():
+            if key not in self.hashes:
+                self.hashes[key], self.hashed[key] = np.zeros(self.size, np.uint64), np.zeros(self.size, bool)
+            self.hashes[key][ids], self.hashed[key][ids] = values, True
+
+    def store_scores(self, ids: np.ndarray, found: dict[tuple[str, str], np.ndarray]) -> None:
+        for name, values in found.items():
+            if name not in self.scores:
+                self.scores[name] = np.full(self.size, np.nan)
+            self.scores[name][ids] = values
+
+    def first_classes(self, label_keys: Sequence[str]) -> tuple[str | None, list | None]:
+        """The first categorical label key and the class of every id (None where unread)."""
+        for key in label_keys:
+            if key in self.labels:
+                classes = quality.label_classes(self.labels[key])
+                if classes is not None:
+                    return key, [c if ok else None for c, ok in zip(classes, self.read.tolist())]
+        return None, None
 
     def store_labels(self, key: str, ids: np.ndarray, values: np.ndarray) -> None:
         """Keep the labels of ``ids``; a key whose shape varies between samples is not kept."""
@@ -175,18 +211,38 @@ class SourceScan:
         return None if classes is None else Counter(classes)
 
 
+class Measures:
+    """The transform of a scan: each of ``parts`` (transforms that add measured keys) in turn,
+    so the scan's workers compute them. Picklable when its parts are."""
+
+    def __init__(self, parts: Sequence[Callable]):
+        self.parts = tuple(parts)
+
+    def __call__(self, sample: dict, rng=None) -> dict:
+        for part in self.parts:
+            sample = part(sample, rng)
+        return sample
+
+
 def scan_source(loader: Loader, label_keys: Sequence[str], checks: Sequence[str] = (), *,
                 with_digests: bool = False, setting: tuple[int, str] = (0, "thread"), bar=None,
-                visit: Callable[[int, dict], None] | None = None) -> SourceScan:
+                visit: Callable[[int, dict], None] | None = None, with_hashes: bool = False) -> SourceScan:
     """Read every sample of ``loader``'s source once, one id per read, so that what is recorded
     is ``source[id]`` even for a source whose batched read misplaces rows (see
     :func:`~steadyfeed.tools.spec.raw_loader`). ``visit(id, sample)`` sees every sample read;
     ``bar`` (a progress bar) advances by one per sample."""
     n = len(loader.source)
     scan = SourceScan(n, read=np.zeros(n, bool), digests=np.zeros(n, "S16") if with_digests else None)
-    with raw_loader(loader, batch_size=1, workers=setting[0], mode=setting[1]) as raw:
+    assert scan.read is not None  # made just above
+    scored = quality.image_checks(checks)
+    parts = ([image_quality.ScoreTransform(scored)] if scored else []) + \
+        ([near_duplicates.HashTransform()] if with_hashes else [])
+    transform = Measures(parts) if parts else None  # run by the workers
+    with raw_loader(loader, batch_size=1, workers=setting[0], mode=setting[1], transform=transform) as raw:
         for batch in raw:
             ids = batch["id"]
+            scan.store_scores(ids, image_quality.take_scores(batch))
+            scan.store_hashes(ids, near_duplicates.take_hashes(batch))
             scan.read[ids] = True
             for key in label_keys:
                 if key in batch:
@@ -194,6 +250,7 @@ def scan_source(loader: Loader, label_keys: Sequence[str], checks: Sequence[str]
             for i, row in batch_rows(batch):
                 scan.problems += quality.sample_problems(i, row, checks)
                 if with_digests:
+                    assert scan.digests is not None  # made above
                     scan.digests[i] = content_digest(row, label_keys)
                 if visit is not None:
                     visit(i, row)
@@ -247,6 +304,7 @@ class _Observer:
         ids = batch["id"][real]
         rec.ids.append(ids)
         known = (ids >= 0) & (ids < self.scan.size)
+        assert self.scan.read is not None  # every scan records what it read
         known[known] &= self.scan.read[ids[known]]
         for key in self.label_keys:
             self._pairing(rec, key, batch[key][real][known] if key in batch else None, ids[known])
@@ -270,6 +328,7 @@ class _Observer:
             rec.mispaired.setdefault(i, key)
 
     def _user_check(self, rec: EpochRecord, batch: dict, real: np.ndarray, ids: np.ndarray) -> None:
+        assert self.check is not None  # called when there is a check
         try:
             verdict = np.asarray(self.check(batch))
             if verdict.shape == ():
@@ -306,8 +365,11 @@ def _run_setting(loader: Loader, setting: tuple[int, str], epochs: int, observer
 def audit(loader: Loader, *, epochs: int = 2, settings: Sequence[tuple[int, str]] = DEFAULT_SETTINGS,
           check: Callable | None = None, against: Loader | None = None, label_keys: Sequence[str] = ("y",),
           checks: Sequence[str] = (), drift_threshold: float = quality.DRIFT_THRESHOLD,
+          thresholds: dict[str, float] | None = None, near_duplicates: int | None = None,
           target: str = "", progress: bool = False) -> AuditReport:
-    """Audit ``loader`` (see the module docstring); ``progress`` shows a tqdm bar on stderr."""
+    """Audit ``loader`` (see the module docstring); ``progress`` shows a tqdm bar on stderr;
+    ``thresholds`` (image check -> value) replace the robust ones; ``near_duplicates`` (bits)
+    looks for near-identical images within the split and across it and ``against``."""
     if epochs < 1 or not settings:
         raise ValueError("an audit needs epochs >= 1 and at least one setting")
     checks = quality.check_names(checks)
@@ -315,14 +377,18 @@ def audit(loader: Loader, *, epochs: int = 2, settings: Sequence[tuple[int, str]
     n = len(loader.source)
     total = n * (1 + len(settings) * epochs) + (len(against.source) if against is not None else 0)
     with progress_bar(total, "audit: reading the source", unit=" samples", enabled=progress) as bar:
-        scan = scan_source(loader, label_keys, checks, with_digests=against is not None, setting=settings[0], bar=bar)
+        hashing = near_duplicates is not None
+        scan = scan_source(loader, label_keys, checks, with_digests=against is not None, setting=settings[0], bar=bar,
+                           with_hashes=hashing)
         other = None
         if against is not None:
             bar.set_description("audit: reading --against")
-            other = scan_source(against, label_keys, with_digests=True, setting=settings[0], bar=bar)
+            other = scan_source(against, label_keys, with_digests=True, setting=settings[0], bar=bar,
+                                with_hashes=hashing)
         observer = _Observer(scan, label_keys, check)
         runs = {setting_label(*s): _run_setting(loader, s, epochs, observer, bar) for s in settings}
-    results = [_readable(scan), *_quality(scan, checks)]
+    findings = image_findings(scan, loader, label_keys, thresholds)
+    results = [_readable(scan, loader.excluded_ids(0)), *_quality(scan, checks), *_image_quality(findings)]
     results += [_delivery(rec, loader, label) for label, records in runs.items() for rec in records]
     results += [_reproducible(runs), _pairing(runs, observer.label_keys, label_keys)]
     if check is not None:
@@ -330,30 +396,113 @@ def audit(loader: Loader, *, epochs: int = 2, settings: Sequence[tuple[int, str]
     results.append(_epoch_drift(next(iter(runs.values())), drift_threshold))
     if other is not None:
         results += [_contamination(scan, other), _split_drift(scan, other, label_keys, drift_threshold)]
-    return AuditReport(target or repr(loader), len(loader.source), epochs, list(runs), repr(loader), results)
+    if hashing:
+        pairs = duplicate_findings(scan, other, loader, against, near_duplicates)
+        results += _near_duplicates(pairs, scan, other, near_duplicates)
+        findings["duplicates"] = pairs
+    if loader.excluded():
+        findings["excluded"] = loader.excluded()
+    return AuditReport(target or repr(loader), len(loader.source), epochs, list(runs), repr(loader), results,
+                       findings)
 
 
 # -- one function per check --------------------------------------------------------------------------
-def _readable(scan: SourceScan) -> CheckResult:
+def _readable(scan: SourceScan, excluded: np.ndarray) -> CheckResult:
+    """Samples the loader excludes from the first epoch on may fail to read: it never reads them."""
     if not scan.failed:
         return CheckResult("readable", PASS, f"all {scan.size} samples read without error")
-    first = scan.failed[0]
+    failing = [e for e in scan.failed if not np.isin(e["sample_id"], excluded)]
+    if not failing:
+        return CheckResult("readable", PASS, f"{len(scan.failed)} sample(s) failed to read, all excluded by the "
+                           f"loader: ids {_shown(e['sample_id'] for e in scan.failed)}",
+                           details={"failed": scan.failed[:LISTED_IDS]})
+    first = failing[0]
     where = f" ({first['location']})" if first["location"] else ""
-    return CheckResult("readable", FAIL, f"{len(scan.failed)} sample(s) failed to read: ids "
-                       f"{_shown(e['sample_id'] for e in scan.failed)}; first{where}: {first['error_type']}: "
+    return CheckResult("readable", FAIL, f"{len(failing)} sample(s) failed to read: ids "
+                       f"{_shown(e['sample_id'] for e in failing)}; first{where}: {first['error_type']}: "
                        f"{first['message'].splitlines()[0] if first['message'] else ''}",
                        details={"failed": scan.failed[:LISTED_IDS]})
 
 
 def _quality(scan: SourceScan, checks: Sequence[str]) -> list[CheckResult]:
     out = []
-    for name in checks:
+    for name in (c for c in checks if c in quality.CHECKS):
         found = [p for p in scan.problems if p.check == name]
         summary = (f"no sample fails {name!r}" if not found else
                    f"{len({p.sample_id for p in found})} sample(s) fail: ids {_shown(p.sample_id for p in found)}; "
                    f"first: {found[0]}")
         out.append(CheckResult(f"quality:{name}", FAIL if found else PASS, summary,
                                details={"problems": [p.as_dict() for p in found[:LISTED_IDS]]}))
+    return out
+
+
+def image_findings(scan: SourceScan, loader: Loader, label_keys: Sequence[str],
+                   given: dict[str, float] | None) -> dict:
+    """``{"quality": ...}`` from the scan's image scores (nothing when no image check ran):
+    the image key scored most often is the one judged."""
+    if not scan.scores:
+        return {}
+    counts = {key: int(np.isfinite(values).sum()) for (key, _), values in scan.scores.items()}
+    key = max(sorted(counts), key=counts.get)
+    scores = {check: values for (k, check), values in scan.scores.items() if k == key}
+    _, classes = scan.first_classes(label_keys)
+    return {"quality": image_quality.findings(np.arange(scan.size), scores, labels=classes, given=given, key=key,
+                                              locate=lambda i: locate(loader.source, i))}
+
+
+def _hashed(scan: SourceScan) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, hashes) of the image key hashed most often (none: two empty arrays)."""
+    if not scan.hashes:
+        return np.zeros(0, np.int64), np.zeros(0, np.uint64)
+    key = max(sorted(scan.hashed), key=lambda k: int(scan.hashed[k].sum()))
+    ids = np.flatnonzero(scan.hashed[key])
+    return ids, scan.hashes[key][ids]
+
+
+def duplicate_findings(scan: SourceScan, other: SourceScan | None, loader: Loader, against: Loader | None,
+                       max_distance: int) -> list[dict]:
+    """The ``"duplicates"`` section: pairs within the split, then pairs across it and ``other``."""
+    ids, hashes = _hashed(scan)
+    where = lambda i: locate(loader.source, i)  # noqa: E731 - a name for the findings' files
+    found = near_duplicates.findings(ids, near_duplicates.find(hashes, max_distance=max_distance), locate=where)
+    if other is not None:
+        other_ids, other_hashes = _hashed(other)
+        found += near_duplicates.findings(
+            ids, near_duplicates.find(hashes, other_hashes, max_distance), other_ids=other_ids, split_a="audited",
+            split_b="against", locate=where, locate_other=lambda i: locate(against.source, i))
+    return found
+
+
+def _near_duplicates(pairs: list[dict], scan: SourceScan, other: SourceScan | None,
+                     max_distance: int) -> list[CheckResult]:
+    out = []
+    for name, across, what in (("near_duplicates", False, "within the split"),
+                               ("near_contamination", True, "across the split and --against")):
+        if across and other is None:
+            continue
+        mine = [p for p in pairs if ("split_b" in p) == across]
+        hashed = int(sum(h.sum() for h in scan.hashed.values()))
+        shown = "; ".join(f"{p['a']}~{p['b']} ({p['distance']} bits)" for p in mine[:SHOWN_IDS])
+        summary = (f"{len(mine)} pair(s) of near-identical images {what} (within {max_distance} bits): {shown}"
+                   f"{' ...' if len(mine) > SHOWN_IDS else ''}" if mine else
+                   f"no two images {what} within {max_distance} bits ({hashed} hashed)" if hashed else
+                   "no image to hash")
+        out.append(CheckResult(name, FAIL if mine else PASS if hashed else SKIP, summary,
+                               details={"max_distance": max_distance, "pairs": mine[:LISTED_IDS], "count": len(mine)}))
+    return out
+
+
+def _image_quality(findings: dict) -> list[CheckResult]:
+    out = []
+    for name, check in findings.get("quality", {}).get("checks", {}).items():
+        flagged, side = check["flagged"], "below" if check["direction"] == "low" else "above"
+        summary = (f"{len(flagged)} of {check['scored']} images {side} the {check['source']} threshold "
+                   f"{check['threshold']:.4g} (median {check['median']:.4g})" if check["scored"] else
+                   "no image was scored")
+        if flagged:
+            summary += f": ids {_shown(f['id'] for f in flagged)}"
+        out.append(CheckResult(f"quality:{name}", FAIL if flagged else PASS if check["scored"] else SKIP, summary,
+                               details={k: v if k != "flagged" else v[:LISTED_IDS] for k, v in check.items()}))
     return out
 
 
@@ -369,24 +518,29 @@ def _delivery(rec: EpochRecord, loader: Loader, setting: str) -> CheckResult:
     ids = rec.all_ids()
     out_of_range = ids[(ids < 0) | (ids >= n)]
     counts = np.bincount(ids[(ids >= 0) & (ids < n)], minlength=n)
+    excluded = loader.excluded_ids(rec.epoch)
+    excluded_delivered = excluded[counts[excluded] > 0]
     details = {"delivered": int(len(ids)), "out_of_range": _idlist(out_of_range), "skipped": _idlist(rec.skipped),
-               "error": rec.error}
+               "excluded": _idlist(excluded), "error": rec.error}
     if isinstance(loader.sampler, WeightedSampler):
-        problems = _problems(out_of_range=out_of_range, skipped=rec.skipped, error=rec.error)
+        problems = _problems(out_of_range=out_of_range, excluded_but_delivered=excluded_delivered,
+                             skipped=rec.skipped, error=rec.error)
         return CheckResult("ids_in_range", FAIL if problems else PASS, problems or
                            f"{len(ids)} ids, all in range (weighted sampler: repeats and omissions are by design)",
                            setting, rec.epoch, details)
-    expected = expected_count(n, read.batch_size, loader.config.sharding.shard_count, read.last_batch)
+    expected = expected_count(n - len(excluded), read.batch_size, loader.config.sharding.shard_count, read.last_batch)
     dropping = read.last_batch == "drop"
     duplicated = np.flatnonzero(counts > 1)
-    missing = [] if dropping or rec.error else np.setdiff1d(np.flatnonzero(counts == 0), rec.skipped)
+    missing: Sequence[int] | np.ndarray = ([] if dropping or rec.error else
+                                           np.setdiff1d(np.flatnonzero(counts == 0), np.union1d(rec.skipped, excluded)))
     details.update(expected=expected, duplicated=_idlist(duplicated), missing=_idlist(missing))
     problems = _problems(
-        missing=missing, duplicated=duplicated,
+        missing=missing, duplicated=duplicated, excluded_but_delivered=excluded_delivered,
         out_of_range=out_of_range, skipped=rec.skipped, error=rec.error,
         count=(f"{len(ids)} delivered, the drop rule keeps {expected}"
                if dropping and len(ids) != expected and not rec.error else None))
-    kept = f", {n - expected} dropped by last_batch='drop'" if dropping else ""
+    kept = f", {n - len(excluded) - expected} dropped by last_batch='drop'" if dropping else ""
+    kept += f", {len(excluded)} excluded" if len(excluded) else ""
     return CheckResult("exactly_once", FAIL if problems else PASS, problems or f"{len(ids)} ids, each once{kept}",
                        setting, rec.epoch, details)
 
@@ -469,7 +623,7 @@ def _epoch_drift(records: list[EpochRecord], threshold: float) -> CheckResult:
         return CheckResult("label_drift_epochs", SKIP, why)
     records = done
     distances = {r.epoch: quality.total_variation(records[0].labels, r.labels) for r in records[1:]}
-    worst = max(distances, key=distances.get)
+    worst = max(distances, key=lambda epoch: distances[epoch])
     status = FAIL if distances[worst] > threshold else PASS
     return CheckResult("label_drift_epochs", status, f"largest total variation from epoch {records[0].epoch}: "
                        f"{distances[worst]:.3f} "
@@ -482,6 +636,7 @@ def _split_drift(scan: SourceScan, other: SourceScan, label_keys: Sequence[str],
     if key is None:
         return CheckResult("label_drift_splits", SKIP, "needs categorical labels on both sides")
     mine, theirs = scan.classes(key), other.classes(key)
+    assert mine is not None and theirs is not None  # the key was chosen for having both
     distance = quality.total_variation(mine, theirs)
     return CheckResult("label_drift_splits", FAIL if distance > threshold else PASS,
                        f"total variation between the {key!r} histograms: {distance:.3f}, threshold {threshold}",
@@ -491,6 +646,8 @@ def _split_drift(scan: SourceScan, other: SourceScan, label_keys: Sequence[str],
 
 
 def _contamination(scan: SourceScan, other: SourceScan) -> CheckResult:
+    assert scan.read is not None and scan.digests is not None  # scanned with digests, as is other
+    assert other.read is not None and other.digests is not None
     mine, theirs = scan.digests[scan.read], other.digests[other.read]
     shared = np.intersect1d(mine, theirs)
     ids = np.flatnonzero(scan.read & np.isin(scan.digests, shared))

@@ -14,6 +14,7 @@ import json
 
 from .. import quality
 from ..diagnostics import findings as findings_io
+from ..diagnostics import image_quality, near_duplicates
 from ..diagnostics.report import write as write_report
 from .audit import audit, parse_settings
 from .report_command import add_report_arguments, report_options
@@ -39,7 +40,15 @@ def add_arguments(parser) -> None:
     audit_options.add_argument("--label-key", action="append", dest="label_keys", metavar="KEY",
                                help="a label key: compared by id, left out of content digests (default y; repeatable)")
     audit_options.add_argument("--checks", default="", metavar="NAMES",
-                               help=f"data-quality checks on the stored samples: {', '.join(quality.CHECKS)} or all")
+                               help=f"data-quality checks on the stored samples: {', '.join(quality.CHECKS)} or all; "
+                                    f"image checks {', '.join(image_quality.CHECKS)} or image")
+    audit_options.add_argument("--near-duplicates", nargs="?", type=int, const=near_duplicates.MAX_DISTANCE,
+                               default=None, metavar="BITS",
+                               help="hash every image (pHash) and report near-identical pairs within the split and "
+                                    f"across --against, up to BITS apart (default {near_duplicates.MAX_DISTANCE})")
+    audit_options.add_argument("--threshold", action="append", default=[], metavar="CHECK=VALUE",
+                               help="an image check's threshold instead of the data's robust one, e.g. blur=0.002 "
+                                    "(repeatable)")
     audit_options.add_argument("--drift-threshold", type=float, default=quality.DRIFT_THRESHOLD, metavar="T",
                                help="largest total variation between label histograms (default %(default)s)")
     audit_options.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -55,6 +64,7 @@ def run(args) -> int:
             raise SpecError(f"--epochs must be >= 1, got {args.epochs}")
         settings = parse_settings(args.settings)
         checks = quality.check_names(args.checks)
+        thresholds = parse_thresholds(args.threshold)
         check = resolve_callable(args.check) if args.check else None
         loader = loader_from_args(args)
         against = loader_from_spec(args.against, args) if args.against else None
@@ -66,6 +76,7 @@ def run(args) -> int:
                 stack.enter_context(opened)
         report = audit(loader, epochs=args.epochs, settings=settings, check=check, against=against,
                        label_keys=args.label_keys or ("y",), checks=checks, drift_threshold=args.drift_threshold,
+                       thresholds=thresholds, near_duplicates=args.near_duplicates,
                        target=describe(args), progress=args.progress)
         _write_findings(args, report, loader, against)  # while the sources are open, for thumbnails
     print(json.dumps(report.as_dict(), indent=1) if args.json else report.table())
@@ -82,3 +93,18 @@ def _write_findings(args, report, loader, against) -> None:
         sources = {"train": loader.source, **({"against": against.source} if against is not None else {})}
         write_report(args.report, found, sources=sources,
                      options=report_options(args, f"steadyfeed audit {report.target}"))
+
+
+def parse_thresholds(pairs: list[str]) -> dict[str, float]:
+    """``["blur=0.002"]`` -> ``{"blur": 0.002}``, each name an image check."""
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or name not in image_quality.CHECKS:
+            raise ValueError(f"--threshold takes CHECK=VALUE with CHECK one of {', '.join(image_quality.CHECKS)}, "
+                             f"got {pair!r}")
+    return out

@@ -40,7 +40,7 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Generator, Iterable, Iterator
 
 import psutil
 
@@ -271,7 +271,7 @@ def _mark(loader) -> _Mark:
     return _Mark(time.perf_counter(), cpu_seconds(), loader.stats())
 
 
-def _epochs(loader, epochs: int) -> Iterator[dict]:
+def _epochs(loader, epochs: int) -> Generator[dict, None, None]:
     for epoch in range(epochs):
         yield from loader.epoch(epoch)
 
@@ -396,7 +396,8 @@ def gil_limited(measurements: list[Measurement]) -> Diagnosis | None:
     for m in sorted((m for m in ok.values() if m.setting.mode == "thread" and m.setting.workers >= 2),
                     key=lambda m: m.setting.workers, reverse=True):
         stuck = m.samples_per_second < GIL_MIN_SPEEDUP * base.samples_per_second
-        if m.diagnosis.kind == "producers" and stuck and m.cpu_cores is not None and m.cpu_cores < GIL_MAX_CORES:
+        if (m.diagnosis is not None and m.diagnosis.kind == "producers" and stuck
+                and m.cpu_cores is not None and m.cpu_cores < GIL_MAX_CORES):
             return Diagnosis("gil", f"GIL: thread workers do not scale beyond {max(base.setting.workers, 1)} "
                                     f"({m.setting.label}: {m.samples_per_second:,.0f} samples/s, {base.setting.label}: "
                                     f"{base.samples_per_second:,.0f}) while CPU < {GIL_MAX_CORES} cores "
@@ -474,7 +475,8 @@ class Report:
             **self.options,
             "read_includes_decode": READ_INCLUDES_DECODE,
             "settings": [m.as_dict() for m in self.measurements],
-            "bottleneck": None if neck is None else {"kind": neck.kind, "setting": neck.setting.label,
+            "bottleneck": None if neck is None else {"kind": neck.kind,
+                                                     "setting": None if neck.setting is None else neck.setting.label,
                                                      "reason": neck.reason},
             "recommendation": None if rec is None else {
                 "verdict": rec.verdict, "label": rec.setting.label, "workers": rec.setting.workers,

@@ -18,6 +18,8 @@ import json
 import os
 
 from .. import quality
+from ..diagnostics import image_quality
+from .audit_command import parse_thresholds
 from ..errors import DataError
 from .inspection import InspectReport, inspect_files, inspect_loader
 from .spec import SpecError, add_spec_arguments, describe, loader_from_args, usage_error
@@ -36,7 +38,11 @@ def add_arguments(parser) -> None:
     options.add_argument("--decode", action="store_true",
                          help="decode every image and read every .npy file in full (finds truncated files)")
     options.add_argument("--checks", default="", metavar="NAMES",
-                         help=f"data-quality checks ({', '.join(quality.CHECKS)} or all); implies --decode")
+                         help=f"data-quality checks ({', '.join(quality.CHECKS)} or all; image checks "
+                              f"{', '.join(image_quality.CHECKS)} or image, judged by the data's robust "
+                              "outliers); implies --decode")
+    options.add_argument("--threshold", action="append", default=[], metavar="CHECK=VALUE",
+                         help="an image check's threshold instead of the data's robust one (repeatable)")
     options.add_argument("--label-key", action="append", dest="label_keys", metavar="KEY",
                          help="a loader's label key for the label histogram (default y; repeatable)")
     options.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -46,7 +52,8 @@ def add_arguments(parser) -> None:
 def _files_report(args, checks) -> InspectReport:
     """DATA as files, or the files of ``--tfrecord GLOB`` when no --feature says how to read them."""
     settings = dict(decode=args.decode, checks=checks, workers=args.workers or 0, progress=args.progress,
-                    collate=args.collate or "stack", size=args.image_size, channels=args.channels)
+                    collate=args.collate or "stack", size=args.image_size, channels=args.channels,
+                    thresholds=parse_thresholds(args.threshold))
     if args.spec is not None:
         return inspect_files(args.spec, **settings)
     files = sorted(glob.glob(os.path.expanduser(args.tfrecord)))
@@ -77,6 +84,7 @@ def run(args) -> int:
     report = None
     try:
         checks = quality.check_names(args.checks)
+        parse_thresholds(args.threshold)  # a bad one is a usage error, before anything is read
         if args.spec is not None and not os.path.exists(args.spec) and ":" not in args.spec:
             raise SpecError(f"{args.spec}: no such file or directory (DATA is a directory, a file, "
                             "or FILE.py:NAME / MODULE:NAME)")
@@ -91,8 +99,10 @@ def run(args) -> int:
     if report is None and loader is None:
         report = _files_report(args, checks)
     elif report is None:
+        assert loader is not None  # no report yet: the loader was made
         with loader:
             report = inspect_loader(loader, label_keys=args.label_keys or ("y",), checks=checks,
-                                    target=describe(args), progress=args.progress)
+                                    target=describe(args), progress=args.progress,
+                                    thresholds=parse_thresholds(args.threshold))
     print(json.dumps(report.as_dict(), indent=1) if args.json else report.text())
     return 0 if report.passed else 1

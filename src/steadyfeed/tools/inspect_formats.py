@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import quality
+from ..diagnostics import image_quality
 from ..errors import DataError
 from ..execution.batch import conflict_fix, layout_conflict
 
@@ -57,6 +58,7 @@ class FileInfo:
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # parts (records) that fail to read
     notes: list[str] = field(default_factory=list)
     table: dict | None = None
+    scores: dict[str, float] = field(default_factory=dict)  # image check -> score (diagnostics/image_quality.py)
 
 
 def shape_text(shape: Sequence[int], dtype: Any = None) -> str:
@@ -78,7 +80,18 @@ def probe_image(reader, path: str, info: FileInfo, decode: bool, checks: Sequenc
     info.image = (header.height, header.width)
     info.output = (reader.output_shape(header), np.dtype(np.uint8))
     if decode:
-        info.problems = quality.sample_problems(path, {"image": reader.load(path)}, checks)
+        image = reader.load(path)
+        info.problems = quality.sample_problems(path, {"image": image}, checks)
+        info.scores = image_scores(image, checks)
+
+
+def image_scores(a: np.ndarray, checks: Sequence[str]) -> dict[str, float]:
+    """The image checks' scores of one array, computed as the file is read (nothing when not an image)."""
+    wanted = quality.image_checks(checks)
+    if not wanted or not image_quality.is_image(a):
+        return {}
+    found = image_quality.scores(a)
+    return {name: float(found[name][0]) for name in wanted}
 
 
 # -- .npy ----------------------------------------------------------------------------------------
@@ -92,7 +105,9 @@ def probe_npy(path: str, info: FileInfo, decode: bool, checks: Sequence[str]) ->
         os.close(fd)
     info.format, info.shapes["npy"] = "npy", shape_text(layout.shape, layout.dtype)
     if decode:
-        info.problems = quality.sample_problems(path, {"npy": npy.read_npy(path)}, checks)
+        array = npy.read_npy(path)
+        info.problems = quality.sample_problems(path, {"npy": array}, checks)
+        info.scores = image_scores(array, checks)
 
 
 # -- HDF5 ----------------------------------------------------------------------------------------
@@ -118,7 +133,7 @@ def probe_hdf5(path: str, name: str, info: FileInfo, collate: str) -> None:
 
 
 def _dataset_row(h5py, key: str, ds) -> dict:
-    row = {"dataset": key, "shape": shape_text(ds.shape), "dtype": str(ds.dtype), "note": ""}
+    row: dict[str, Any] = {"dataset": key, "shape": shape_text(ds.shape), "dtype": str(ds.dtype), "note": ""}
     string = h5py.check_string_dtype(ds.dtype)
     if string is not None and string.length is None:  # variable-length: as bytes, as Hdf5Source reads them
         lo, hi = _vlen_lengths(ds)
@@ -180,6 +195,7 @@ def probe_csv(path: str, name: str, info: FileInfo) -> None:
     with tempfile.TemporaryDirectory() as scratch:  # the row index: not beside the data
         source = CsvSource(path, cache_dir=scratch, _=0)
         info.format = "csv"
+        assert source.columns is not None  # read with a header
         columns, refused = [_Column(c) for c in source.columns], []
         for start in range(0, len(source), CSV_ROWS_PER_READ):
             ids = range(start, min(start + CSV_ROWS_PER_READ, len(source)))

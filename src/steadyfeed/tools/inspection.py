@@ -50,7 +50,8 @@ from ..loader import Loader
 from ..progress import progress_bar
 from ..sources.base import locate
 from ..units import human_bytes
-from .audit import scan_source
+from ..diagnostics import image_quality
+from .audit import image_findings, scan_source
 from .inspect_formats import (
     HDF5_EXTENSIONS, PARQUET_EXTENSIONS, TAR_EXTENSIONS, FileInfo, looks_like_tfrecord, probe_csv, probe_hdf5,
     probe_image, probe_npy, probe_parquet, probe_tar, probe_tfrecord, refusal, shape_text,
@@ -88,6 +89,7 @@ class InspectReport:
     tables: dict[str, dict] = field(default_factory=dict)  # file -> its format's table (csv, hdf5, tfrecord)
     notes: list[str] = field(default_factory=list)
     collate: str = "stack"
+    findings: dict = field(default_factory=dict)  # the sections of diagnostics/__init__.py ("quality")
 
     @property
     def passed(self) -> bool:
@@ -106,7 +108,7 @@ class InspectReport:
             "refused": self.refused[:LISTED], "refused_count": len(self.refused),
             "ignored": self.ignored[:LISTED], "ignored_count": len(self.ignored),
             "problems": [p.as_dict() for p in self.problems[:LISTED]], "problem_count": len(self.problems),
-            "tables": self.tables, "notes": self.notes,
+            "tables": self.tables, "notes": self.notes, "findings": self.findings,
         }
 
     def text(self) -> str:
@@ -300,7 +302,7 @@ def _image_tree(root: str):
 
 def inspect_files(path: str | os.PathLike, *, decode: bool = False, checks: Sequence[str] = (), workers: int = 0,
                   progress: bool = False, collate: str = "stack", size=None, channels: int = 3,
-                  files: Sequence[str] | None = None) -> InspectReport:
+                  files: Sequence[str] | None = None, thresholds: dict[str, float] | None = None) -> InspectReport:
     """Inspect a directory (recursively), one file, or ``files`` (shown relative to ``path``);
     ``workers`` threads read files at once; ``collate``, ``size`` and ``channels`` are the
     loader's and ImageFolder's settings that what is refused depends on."""
@@ -324,7 +326,31 @@ def inspect_files(path: str | os.PathLike, *, decode: bool = False, checks: Sequ
     _file_outliers(report, infos)
     if tree is not None:
         _refuse_mixed_images(report, infos, collate)
+    _judge_files(report, infos, thresholds, tree is not None)
     return report
+
+
+def _judge_files(report: InspectReport, infos: dict[str, FileInfo | str], given, classes: bool) -> None:
+    """The image checks over every file scored (``FileInfo.scores``): ids are positions in the
+    listing (ImageFolder's ids for an image tree), labels the class folders."""
+    names = [name for name, info in infos.items() if isinstance(info, FileInfo) and info.scores]
+    if not names:
+        return
+    checks = list(infos[names[0]].scores)
+    scores = {c: np.array([infos[n].scores.get(c, np.nan) for n in names]) for c in checks}
+    labels = [n.split(os.sep, 1)[0] for n in names] if classes else None
+    where = {name: j for j, name in enumerate(infos)}
+    ids = np.array([where[n] for n in names], np.int64)
+    report.findings["quality"] = found = image_quality.findings(ids, scores, labels=labels, given=given,
+                                                                locate=dict(zip(ids.tolist(), names)).get)
+    report.problems += flagged_problems(found, key="image", by_file=True)
+
+
+def flagged_problems(found: dict, key: str, by_file: bool = False) -> list[quality.Problem]:
+    """A quality problem per flagged image of a ``"quality"`` section, named by id (or file)."""
+    return [quality.Problem(f.get("file", f["id"]) if by_file else f["id"], check.get("key", key), name,
+                            image_quality.problem(name, f["score"], check["threshold"]))
+            for name, check in found["checks"].items() for f in check["flagged"]]
 
 
 def _rel(path: str, root: str) -> str:
@@ -415,7 +441,8 @@ def _refuse_mixed_images(report: InspectReport, infos: dict[str, FileInfo | str]
 
 # -- a loader ----------------------------------------------------------------------------------------
 def inspect_loader(loader: Loader, *, label_keys: Iterable[str] = ("y",), checks: Sequence[str] = (),
-                   target: str = "", progress: bool = False) -> InspectReport:
+                   target: str = "", progress: bool = False, thresholds: dict[str, float] | None = None
+                   ) -> InspectReport:
     """Inspect the samples of ``loader``'s source as stored (see the module docstring)."""
     label_keys, checks = tuple(label_keys), quality.check_names(checks)
     collate = loader.config.read.collate
@@ -433,6 +460,9 @@ def inspect_loader(loader: Loader, *, label_keys: Iterable[str] = ("y",), checks
         scan = scan_source(loader, label_keys, checks, setting=(execution.workers, execution.mode), bar=bar,
                            visit=visit)
     report.problems = scan.problems
+    report.findings = image_findings(scan, loader, label_keys, thresholds)
+    if report.findings:
+        report.problems += flagged_problems(report.findings["quality"], key="x")
     report.unreadable = [{"item": e["location"] or f"sample {e['sample_id']}", "sample_id": e["sample_id"],
                           "error": f"{e['error_type']}: {e['message']}"} for e in scan.failed]
     report.outliers = {f"shape of {key!r}": o for key, values in layouts.items()

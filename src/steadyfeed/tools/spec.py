@@ -274,7 +274,9 @@ def _hdf5(path: str, args) -> Any:
     keys = _named(args.key, "--key")
     if not keys:
         raise SpecError("--hdf5 needs the datasets to read, e.g. --key x=/images --key y=/labels")
-    return Hdf5Source(path, **keys)
+    if "swmr" in keys:  # it would have turned SWMR mode on instead of naming a dataset
+        raise SpecError("--key swmr=... names an Hdf5Source option, not a key; use another key name")
+    return Hdf5Source(path, swmr=False, **keys)
 
 
 def _images(root: str, args) -> Any:
@@ -287,7 +289,7 @@ def _csv(path: str, args) -> Any:
     if not args.x:
         raise SpecError("--csv needs the input columns, e.g. --x a,b,c (and --y label)")
     columns = [int(c) if c.isdigit() else c for c in args.x.split(",")]
-    keys = {"x": columns} | ({"y": int(args.y) if args.y.isdigit() else args.y} if args.y else {})
+    keys: dict[str, Any] = {"x": columns} | ({"y": int(args.y) if args.y.isdigit() else args.y} if args.y else {})
     delimiter = "\t" if args.delimiter in ("\\t", "tab") else args.delimiter
     return CsvSource(path, dtypes=_named(args.dtype, "--dtype"), delimiter=delimiter, **keys)
 
@@ -334,16 +336,17 @@ _SHORTCUTS: dict[str, Callable[[Any, argparse.Namespace], Any]] = {
 
 # -- reading a loader's data as it is ------------------------------------------------------------
 def raw_loader(loader: Loader, *, batch_size: int | None = None, workers: int | None = None,
-               mode: str | None = None) -> Loader:
-    """A loader over ``loader``'s source as stored: every id once, in id order, no transform,
-    one shard, ids in each batch, failing samples skipped (see its ``quarantine_report()``)
-    however many fail, and nothing written to the original's quarantine file."""
+               mode: str | None = None, transform=None) -> Loader:
+    """A loader over ``loader``'s source as stored: every id once (excluded ones too), in id
+    order, from the source itself (never a ``pack_to`` pack), no transform, one shard, ids in each batch, failing samples skipped (see its ``quarantine_report()``)
+    however many fail, and nothing written to the original's quarantine file. ``transform``
+    (default none) runs in its workers: what a command measures there (image scores)."""
     execution = loader.config.execution
     return at_setting(
         loader, execution.workers if workers is None else workers, mode or execution.mode,
         batch_size=batch_size or loader.config.read.batch_size,
-        transform=None, shuffle=False, sampler=None, last_batch="partial", shard_index=0, shard_count=1,
-        on_error="skip", max_error_fraction=1.0,
+        transform=transform, shuffle=False, sampler=None, last_batch="partial", shard_index=0, shard_count=1,
+        on_error="skip", max_error_fraction=1.0, exclude=None, pack_to=None,
     )
 
 

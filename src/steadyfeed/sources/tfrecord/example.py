@@ -41,11 +41,12 @@ from .optional import require
 
 VARIABLE_KINDS = ("bytes", "str")
 NATIVE_LISTS = {"float32": "float_list", "int64": "int64_list"}  # what tf.io.FixedLenFeature reads
-_LIST_DTYPES = {"float_list": np.dtype("float32"), "int64_list": np.dtype("int64")}  # how TensorFlow stores them
+# how TensorFlow stores them
+_LIST_DTYPES: dict[str, np.dtype] = {"float_list": np.dtype("float32"), "int64_list": np.dtype("int64")}
 
 
 @functools.lru_cache(maxsize=None)
-def example_classes() -> dict[str, type]:
+def example_classes() -> dict[str, Any]:  # protobuf message classes, made at run time
     """Message classes wire-compatible with tensorflow/core/example/{feature,example}.proto.
 
     Built from a descriptor in a private pool, so they never clash with TensorFlow's own

@@ -159,7 +159,8 @@ def check_header(fd: int, name: str, size: int, offset: int, number: int) -> int
 def scan_records(fd: int, name: str, size: int) -> tuple[np.ndarray, int | None]:
     """Rows ``(offset, length)`` of the records before the framing breaks, and the byte where it
     breaks (None: every byte is in a record), from one pass over the 12-byte headers."""
-    rows, offset = [], 0
+    rows: list[tuple[int, int]] = []
+    offset = 0
     while offset < size:
         try:
             length = check_header(fd, name, size, offset, len(rows))
@@ -380,7 +381,7 @@ def save_index(path: str, rows: np.ndarray, target: str, st: os.stat_result | No
     Raises OSError."""
     st = os.stat(path) if st is None else st
     compression = index.compression if index is not None else ""
-    data_st = os.stat(index.data_path) if compression else st
+    data_st = os.stat(index.data_path) if index is not None and compression else st
     broken, stream = (index.broken, index.stream) if index is not None else (None, None)
     index_cache.save(target, _stamp(st, compression), _payload(data_st, rows, broken, stream))
 

@@ -6,7 +6,7 @@ import glob
 import hashlib
 import json
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -76,7 +76,7 @@ class TFRecordSource:
 
     def __init__(self, paths: Any, features: Mapping[str, Any] | None = None, *,
                  defaults: Mapping[str, Any] | None = None, compression: str | None = None,
-                 cache_dir: str | os.PathLike | None = None):
+                 cache_dir: str | os.PathLike[str] | None = None) -> None:
         require_support()
         files, packed_specs, counts = _resolve(paths)
         for path in files:
@@ -103,7 +103,7 @@ class TFRecordSource:
 
     def _infer(self) -> tuple[dict, list[str]]:
         """Specs from the first good records (up to INFER_RECORDS, across files)."""
-        records = []
+        records: list[bytes] = []
         for f, index in enumerate(self._files):
             for r in range(min(len(index.rows), INFER_RECORDS - len(records))):
                 records.append(self._data(f, r))
@@ -144,7 +144,7 @@ class TFRecordSource:
             index = self._files[f]
             raise DataError(f"{record_name(r, index.rows.item(r, 0), index.name)}: {exc}") from None
 
-    def read_many(self, ids) -> list[dict]:
+    def read_many(self, ids: Sequence[int] | np.ndarray) -> list[dict]:
         """The samples of ``ids`` (in that order), read in file and offset order."""
         ids = [int(i) for i in ids]
         samples: list = [None] * len(ids)

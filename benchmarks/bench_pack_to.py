@@ -1,0 +1,201 @@
+"""``Loader(..., pack_to=DIR)`` (issue 17, item 5): what automatic packing costs in the first
+epoch and what it gains in later ones, on data generated under a temporary directory (removed
+after):
+
+  npy    20,000 ``.npy`` pairs (32 x 32 x 3 float32 inputs, 12 KB a file; ``NpyPairs``)
+  jpeg   5,000 JPEGs 128 x 128 (quality 90, about 8 KB) in two class folders (``ImageFolder``)
+
+For each dataset, in one run and in turns (``--repeat`` rounds; the median is shown):
+
+* **first epoch**: a shuffled epoch from a cold page cache (every file of the data and of the
+  pack directory is fsynced and dropped with ``posix_fadvise(POSIX_FADV_DONTNEED)`` first),
+  by a loader without ``pack_to`` and by one with it (whose pack is built in the background
+  meanwhile; the pack directory is emptied before each such run). Target: within 15%. The time
+  until the pack was published is shown too.
+* **later epochs**: a shuffled epoch from a cold page cache, read from the small files (no
+  ``pack_to``) and from the pack (a loader whose pack exists). Target: the pack >= 2x faster.
+
+Every epoch is checked to deliver every id once. Loader: batch 32, 2 worker threads, no
+transform. Not a timed test: the machine is shared, so both sides of each ratio are measured
+in the same run, alternating, and the load average is printed with the results.
+
+    .venv/bin/python benchmarks/bench_pack_to.py [--repeat 3] [--only npy|jpeg] [--markdown]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import steadyfeed as sf
+
+SEED, BATCH, WORKERS = 0, 32, 2
+NPY_COUNT, NPY_SHAPE = 20_000, (32, 32, 3)
+JPEG_COUNT, JPEG_SIDE = 5_000, 128
+FIRST_EPOCH_TARGET, LATER_TARGET = 1.15, 2.0
+
+
+# -- data ---------------------------------------------------------------------------------------
+def generate_npy(root: str, n: int) -> sf.NpyPairs:
+    rng = np.random.default_rng(SEED)
+    for d in ("inputs", "labels"):
+        os.makedirs(os.path.join(root, d))
+    for i in range(n):
+        np.save(os.path.join(root, "inputs", f"{i:06d}.npy"), rng.random(NPY_SHAPE, dtype=np.float32))
+        np.save(os.path.join(root, "labels", f"{i:06d}.npy"), np.int64(i % 10))
+    return sf.NpyPairs(os.path.join(root, "inputs"), os.path.join(root, "labels"))
+
+
+def generate_jpeg(root: str, n: int) -> sf.ImageFolder:
+    """Photo-like content: a smooth random colour field plus noise (about 8 KB at quality 90)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(SEED)
+    for c in range(2):
+        os.makedirs(os.path.join(root, f"class_{c}"))
+    for i in range(n):
+        field = Image.fromarray(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)).resize(
+            (JPEG_SIDE, JPEG_SIDE), Image.Resampling.BILINEAR)
+        noise = rng.normal(0, 12, (JPEG_SIDE, JPEG_SIDE, 3))
+        image = np.clip(np.asarray(field, np.float64) + noise, 0, 255).astype(np.uint8)
+        Image.fromarray(image).save(os.path.join(root, f"class_{i % 2}", f"{i:05d}.jpg"), quality=90)
+    return sf.ImageFolder(root)
+
+
+# -- a cold page cache --------------------------------------------------------------------------
+def drop_cache(*roots: str) -> int:
+    """Flush, then drop from the page cache, every file under ``roots``; the bytes dropped."""
+    os.sync()  # DONTNEED drops clean pages only
+    total = 0
+    for root in roots:
+        for directory, _, names in os.walk(root):
+            for name in names:
+                path = os.path.join(directory, name)
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    total += os.fstat(fd).st_size
+                finally:
+                    os.close(fd)
+    return total
+
+
+def du(root: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(root) for n in names)
+
+
+# -- one timed epoch ----------------------------------------------------------------------------
+def timed_epoch(loader: sf.Loader, epoch: int, n: int) -> float:
+    start = time.perf_counter()
+    ids = np.concatenate([batch["id"] for batch in loader.epoch(epoch)])
+    seconds = time.perf_counter() - start
+    if len(ids) != n or not np.array_equal(np.sort(ids), np.arange(n)):
+        raise SystemExit(f"COVERAGE FAILED: {len(ids)} ids delivered for {n} samples")
+    return seconds
+
+
+def make(source, pack_to=None) -> sf.Loader:
+    return sf.Loader(source, BATCH, shuffle=True, seed=SEED, with_ids=True, workers=WORKERS, pack_to=pack_to)
+
+
+def first_epoch(source, data: str, packs: str, with_pack: bool) -> tuple[float, float | None]:
+    """Epoch 0 from a cold cache; with ``pack_to``: also the seconds until the pack was ready."""
+    shutil.rmtree(packs, ignore_errors=True)
+    drop_cache(data)
+    with make(source, packs if with_pack else None) as loader:
+        start = time.perf_counter()
+        seconds = timed_epoch(loader, 0, len(source))
+        if not with_pack:
+            return seconds, None
+        if not loader.wait_for_pack(3600):
+            raise SystemExit(f"the pack was not built: {loader.stats()['pack']}")
+        return seconds, time.perf_counter() - start
+
+
+def later_epoch(source, data: str, packs: str, with_pack: bool) -> float:
+    """A later epoch (1) from a cold cache: from the files, or from the pack built before."""
+    drop_cache(data, packs)
+    with make(source, packs if with_pack else None) as loader:
+        seconds = timed_epoch(loader, 1, len(source))
+        assert loader.reading == ("pack" if with_pack else "files"), loader.reading
+        return seconds
+
+
+def bench(name: str, source, data: str, packs: str, repeat: int) -> dict:
+    firsts = {"files": [], "pack_to": []}
+    ready, later = [], {"files": [], "pack": []}
+    for _ in range(repeat):  # in turns, so both sides of each ratio see the same load
+        firsts["files"].append(first_epoch(source, data, packs, False)[0])
+        seconds, until_ready = first_epoch(source, data, packs, True)
+        firsts["pack_to"].append(seconds)
+        ready.append(until_ready)
+    for _ in range(repeat):  # the last first-epoch run left a pack behind
+        later["files"].append(later_epoch(source, data, packs, False))
+        later["pack"].append(later_epoch(source, data, packs, True))
+    med = {k: statistics.median(v) for k, v in {**{f"first {k}": v for k, v in firsts.items()},
+                                               **{f"later {k}": v for k, v in later.items()}}.items()}
+    return {"name": name, "samples": len(source), "data_bytes": du(data), "pack_bytes": du(packs),
+            "median": med, "runs": {**firsts, **{f"later {k}": v for k, v in later.items()}},
+            "ready": statistics.median(ready),
+            "first_ratio": med["first pack_to"] / med["first files"],
+            "later_ratio": med["later files"] / med["later pack"]}
+
+
+# -- report -------------------------------------------------------------------------------------
+def report(results: list[dict], loads: tuple, markdown: bool, repeat: int) -> str:
+    lines = [f"{'**Run**: ' if markdown else ''}{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+             f"{os.cpu_count()} cores, steadyfeed {sf.__version__}, numpy {np.__version__}; batch {BATCH}, "
+             f"{WORKERS} worker threads, shuffled; median of {repeat} run(s) in turns; load average "
+             f"{loads[0][0]:.1f} / {loads[0][1]:.1f} / {loads[0][2]:.1f} before, "
+             f"{loads[1][0]:.1f} / {loads[1][1]:.1f} / {loads[1][2]:.1f} after", ""]
+    head = ("| data | first epoch, files | first epoch, pack_to | ratio (target <= 1.15) | pack ready after | "
+            "later epoch, files | later epoch, pack | speed-up (target >= 2) | files / pack on disk |")
+    lines += [head, "|---" * (head.count("|") - 1) + "|"]
+    for r in results:
+        m = r["median"]
+        lines.append(f"| {r['name']} ({r['samples']:,}) | {m['first files']:.2f} s | {m['first pack_to']:.2f} s | "
+                     f"{r['first_ratio']:.2f}x {'ok' if r['first_ratio'] <= FIRST_EPOCH_TARGET else 'MISSED'} | "
+                     f"{r['ready']:.2f} s | {m['later files']:.2f} s | {m['later pack']:.2f} s | "
+                     f"{r['later_ratio']:.2f}x {'ok' if r['later_ratio'] >= LATER_TARGET else 'MISSED'} | "
+                     f"{r['data_bytes'] / 2**20:.0f} / {r['pack_bytes'] / 2**20:.0f} MB |")
+    lines += ["", "runs (seconds): " + "; ".join(
+        f"{r['name']}: " + ", ".join(f"{k} {' '.join(f'{s:.2f}' for s in v)}" for k, v in r["runs"].items())
+        for r in results)]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=3, help="rounds, taken in turns (default 3)")
+    parser.add_argument("--only", choices=("npy", "jpeg"), help="one dataset")
+    parser.add_argument("--markdown", action="store_true", help="a table for docs/benchmarks.md")
+    parser.add_argument("--tmp", default=None, help="where the data is generated (default: the temp directory)")
+    args = parser.parse_args(argv)
+    root = tempfile.mkdtemp(prefix="sf-bench-pack_to-", dir=args.tmp)
+    loads = [os.getloadavg()]
+    results = []
+    try:
+        for name, generate, count in (("npy", generate_npy, NPY_COUNT), ("jpeg", generate_jpeg, JPEG_COUNT)):
+            if args.only not in (None, name):
+                continue
+            data, packs = os.path.join(root, name), os.path.join(root, f"{name}-packs")
+            print(f"generating {count:,} {name} samples under {data} ...", file=sys.stderr, flush=True)
+            source = generate(data, count)
+            results.append(bench(name, source, data, packs, args.repeat))
+            shutil.rmtree(data, ignore_errors=True)
+            shutil.rmtree(packs, ignore_errors=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    loads.append(os.getloadavg())
+    print(report(results, tuple(loads), args.markdown, args.repeat))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

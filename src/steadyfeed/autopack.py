@@ -1,0 +1,238 @@
+"""Automatic packing: a small-file source turned into packed TFRecord shards while it is read.
+
+``Loader(source, ..., pack_to=DIR)`` (why an option, not a wrapper source: the switch from
+files to shards happens between epochs, where only the loader knows it stands, and it must
+restart the workers on the new reader; a wrapper could only switch inside a worker, in the
+middle of an epoch, and could not say in ``stats()`` what an epoch read). What it does:
+
+* the pack of a source lives in ``DIR/<key>/``, ``key`` a digest of the source's type and
+  ``fingerprint()`` (which changes when any file is added, removed or modified): a changed
+  dataset gets a new pack, never a stale one; a source without ``fingerprint()`` is refused;
+* when the loader's first epoch starts and no pack is there, one thread packs the source
+  (``steadyfeed.pack``: every sample in id order, as the source returns it, before any
+  transform), at the workers' lowered priority, while the epoch is served from the files;
+* the pack appears whole or not at all: it is built in a hidden staging directory
+  (``files.staging_directory``) holding the pack and ``source.json`` (the identity it was
+  made from) and published by one rename, so a crash, a ``close()`` or a failing sample leave
+  nothing that is ever read (a sample that fails to read abandons the pack: the loader goes on
+  reading the files, and ``stats()["pack"]`` says why);
+* every epoch that starts once the pack is published reads the shards (the workers are
+  restarted once, on a ``TFRecordSource`` of the pack), and so do later runs from the first
+  epoch on; an epoch never switches in its middle. When the shards fit in half the available
+  memory they are handed to the kernel's readahead as they are opened (``prefetch``), so a
+  shuffled epoch reads them sequentially once instead of one random read per sample;
+* batches are bit-identical either way: a record round-trips its sample bit-exactly
+  (``packing.py``), and the transform, order and ids are the loader's own;
+* ``stats()["reading"]`` is ``"files"`` or ``"pack"`` (what the current or last epoch read),
+  ``stats()["pack"]`` the pack's state, and ``LoaderMonitor`` logs ``data_from_pack`` (the
+  share of the epoch's batches read from the pack).
+
+Costs: one more read of every sample during the first epoch (sequential, in id order, in
+one thread below the training loop's priority) and disk space for the samples as arrays
+(a decoded JPEG is larger than the file). See ``docs/benchmarks.md`` (``bench_pack_to.py``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+from .errors import DataError
+from .files import atomic_write, fsync_directory, staging_directory
+from .sources.base import close_source, fingerprint, locate
+
+PACK_NAME, IDENTITY_NAME = "pack", "source.json"
+NICENESS = 19  # the lowest priority: the packer takes only cycles that the loop, its workers (and others) leave
+JOIN_SECONDS = 30.0
+
+
+class Cancelled(Exception):
+    """The loader closed while its pack was being built."""
+
+
+class _Reading:
+    """The source as the packer reads it: stops at the next sample once cancelled, and leaves
+    closing the source to the loader (``pack`` closes what it reads)."""
+
+    def __init__(self, source: Any, stop: threading.Event):
+        self.source, self.stop = source, stop
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int):
+        if self.stop.is_set():
+            raise Cancelled("the loader was closed")
+        return self.source[i]
+
+    def locate(self, i: int):
+        return locate(self.source, i)
+
+    def close(self) -> None:
+        pass
+
+
+def _cancelled(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is, or was caused by, a cancellation (pack wraps what a read raises)."""
+    while exc is not None:
+        if isinstance(exc, Cancelled):
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def pack_key(identity: dict) -> str:
+    """The directory name of the pack of a source of this identity (type and fingerprint)."""
+    return hashlib.blake2b(json.dumps(identity, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+class AutoPack:
+    """The pack of one source under ``root``: found, built in the background, or failed."""
+
+    def __init__(self, root: str | os.PathLike, source: Any):
+        fp = fingerprint(source)
+        if fp is None:
+            raise ValueError(f"pack_to needs a source with fingerprint() (ImageFolder, NpyPairs, ...), so that a "
+                             f"changed dataset is never read from a stale pack; {type(source).__name__} has none")
+        from .sources.tfrecord import require_support
+        require_support()  # ImportError now, naming the extra, not in the background later
+        kind = type(source)
+        self.identity = {"type": f"{kind.__module__}.{kind.__qualname__}", "fingerprint": fp}
+        self.root, self.num_samples = Path(root), len(source)
+        self.directory = self.root / pack_key(self.identity)
+        self.error: str | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+    # -- state -----------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """A complete pack of this very source is published."""
+        try:
+            with open(self.directory / IDENTITY_NAME, encoding="utf-8") as f:
+                return json.load(f) == {"identity": self.identity, "samples": self.num_samples}
+        except (OSError, ValueError):
+            return False
+
+    @property
+    def state(self) -> str:
+        if self.ready:
+            return "ready"
+        if self._thread is not None and self._thread.is_alive():
+            return "building"
+        return "failed" if self.error else "absent"
+
+    def report(self) -> dict:
+        return {"state": self.state, "path": str(self.directory / PACK_NAME),
+                **({"error": self.error} if self.error else {})}
+
+    def open(self):
+        """A TFRecordSource of the published pack: what the workers read once it is ready.
+        Its shards are handed to the kernel's readahead first when they fit in half the free
+        memory (``prefetch``)."""
+        from .sources.tfrecord import TFRecordSource
+        source = TFRecordSource(self.directory / PACK_NAME)
+        if len(source) != self.num_samples:  # the identity file said otherwise: never trust it then
+            raise DataError(f"{self.directory} holds {len(source)} records for {self.num_samples} samples")
+        prefetch(sorted((self.directory / PACK_NAME).glob("*.tfrecord")))
+        return source
+
+    # -- building --------------------------------------------------------------------------
+    def start(self, source: Any) -> None:
+        """Pack ``source`` in a background thread, unless a pack is ready, being built, or failed."""
+        with self._lock:
+            if self._thread is not None or self.error or self.ready:
+                return
+            self._thread = threading.Thread(target=self._build, args=(source,), name="steadyfeed-pack_to",
+                                            daemon=True)
+            self._thread.start()
+
+    def _build(self, source: Any) -> None:
+        from .execution.workers import lower_priority
+        from .packing import pack
+
+        lower_priority(NICENESS)
+        self.root.mkdir(parents=True, exist_ok=True)
+        staging = Path(staging_directory(self.directory))
+        try:
+            pack(_Reading(source, self._stop), staging / PACK_NAME, progress=False)
+            atomic_write(staging / IDENTITY_NAME, json.dumps({"identity": self.identity,
+                                                              "samples": self.num_samples}).encode())
+            fsync_directory(staging)
+            self._publish(staging)
+        except BaseException as exc:  # a failing sample, a full disk, close(): no pack, the files go on
+            shutil.rmtree(staging, ignore_errors=True)
+            self.error = None if _cancelled(exc) else f"{type(exc).__name__}: {exc}"
+
+    def _publish(self, staging: Path) -> None:
+        """One rename makes the pack appear. A stale or half-gone one of the same key (only a
+        killed writer leaves one: publishing is a rename) is moved aside first; another run
+        that published the same pack first wins, and this copy is dropped."""
+        if self.directory.exists() and not self.ready:
+            aside = Path(staging_directory(self.directory))
+            os.replace(self.directory, aside)
+            shutil.rmtree(aside, ignore_errors=True)
+        try:
+            os.rename(staging, self.directory)
+        except OSError:
+            if not self.ready:
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
+        fsync_directory(self.root)
+
+    def stop(self) -> None:
+        """Cancel a build under way and wait for its thread (bounded)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(JOIN_SECONDS)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for a build under way to end; whether a pack is ready."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return self.ready
+
+
+def prefetch(paths: list[Path]) -> bool:
+    """Ask the kernel to read ``paths`` into the page cache (``POSIX_FADV_WILLNEED``: large
+    sequential reads, in the background), when they fit in half the memory available. This
+    is what a pack has over small files: a shuffled epoch then reads memory, where a cold one
+    pays a random disk read per sample. Whether it was asked (Linux only)."""
+    advise = getattr(os, "posix_fadvise", None)
+    total = sum(p.stat().st_size for p in paths)
+    if advise is None or not total or total > available_memory() // 2:
+        return False
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:  # advice only: a file system may decline it
+            pass
+        finally:
+            os.close(fd)
+    return True
+
+
+def available_memory() -> int:
+    """Bytes of memory available without swapping (``MemAvailable``; 0 where unknown)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def close_reader(reader: Any, source: Any) -> None:
+    """Close what the loader read besides its own source (the pack's TFRecordSource)."""
+    if reader is not None and reader is not source:
+        close_source(reader)
