@@ -336,7 +336,7 @@ def _em(x: np.ndarray, weights: np.ndarray, start: tuple) -> tuple:
     return pi, means, sds
 
 
-def _normal(x: np.ndarray, mean: float, sd: float) -> np.ndarray:
+def _normal(x: np.ndarray, mean: float | np.ndarray, sd: float | np.ndarray) -> np.ndarray:
     return np.exp(-0.5 * ((x - mean) / sd) ** 2) / (sd * np.sqrt(2 * np.pi))
 
 

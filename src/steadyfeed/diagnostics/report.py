@@ -250,7 +250,7 @@ class _Page:
             return None
         size = self.o.thumbnail
         scale = size / max(image.size)
-        resample = Image.NEAREST if scale >= 1 else Image.BILINEAR  # small images stay crisp pixels
+        resample = Image.Resampling.NEAREST if scale >= 1 else Image.Resampling.BILINEAR  # small ones stay crisp
         image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))), resample)
         buffer = io.BytesIO()
         image.save(buffer, format="PNG")

@@ -39,6 +39,7 @@ backend; the extra forward pass works with any model and any backend through pub
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any
 
 import keras
@@ -65,7 +66,7 @@ class LabelNoiseMonitor(_LoaderCallback):
     """
 
     def __init__(self, data: Any, *, label: str | None = None, output: int | str | None = None,
-                 kind: str = "auto", recorder: LabelNoiseRecorder | None = None, every: int = DEFAULT_EVERY):
+                 kind: str = "auto", recorder: LabelNoiseRecorder | None = None, every: int = DEFAULT_EVERY) -> None:
         super().__init__(data)
         if not (isinstance(every, int) and every >= 1):
             raise ValueError(f"every must be an int >= 1, got {every!r}")
@@ -78,10 +79,10 @@ class LabelNoiseMonitor(_LoaderCallback):
         self.output = output
         self.recorder = recorder if recorder is not None else LabelNoiseRecorder(kind)
         self.seconds = 0.0  # spent in this callback: the forward passes and the recording
-        self._queue = None
+        self._queue: deque | None = None
         self._trained_steps = 0
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict | None = None) -> None:
         dataset = self._dataset()
         self._layout = dataset.layout
         self._label = self.label or self._layout.y
@@ -90,14 +91,14 @@ class LabelNoiseMonitor(_LoaderCallback):
                              "LabelNoiseMonitor(loader, label='...')")
         self._queue = dataset.follow()
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         super().on_epoch_begin(epoch, logs)
         self._trained_steps = 0
 
     # No on_train_batch_end: a callback that has one makes Keras wait for every step's logs
     # (it turns off Keras's asynchronous batch-end dispatch). When step ``batch`` begins, the
     # batches of the steps before it are trained: those are taken from the queue then.
-    def on_train_batch_begin(self, batch, logs=None):
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         t0 = time.perf_counter()
         self._take(batch - self._trained_steps)
         self._trained_steps = batch
@@ -105,14 +106,14 @@ class LabelNoiseMonitor(_LoaderCallback):
             self._flush()
         self.seconds += time.perf_counter() - t0
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         # the epoch's last steps are trained now: everything Keras took for this pass is
         t0 = time.perf_counter()
         self._take(len(self._queue or ()))
         self._flush()
         self.seconds += time.perf_counter() - t0
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict | None = None) -> None:
         self._take(len(self._queue or ()))  # a fit stopped mid-epoch (stop_training, an error)
         self._flush()
         dataset = self._dataset()
@@ -121,8 +122,11 @@ class LabelNoiseMonitor(_LoaderCallback):
             self._queue = None
 
     def _take(self, count: int) -> None:
-        for _ in range(min(count, len(self._queue or ()))):
-            self._pending.append(_real_rows(self._queue.popleft()[1]))
+        queue = self._queue
+        if queue is None:
+            return
+        for _ in range(min(count, len(queue))):
+            self._pending.append(_real_rows(queue.popleft()[1]))
 
     def findings(self, options: NoiseOptions = NoiseOptions()) -> dict:
         """The ``label_noise`` findings of what was recorded (``LabelNoiseRecorder.findings``)."""
@@ -145,7 +149,7 @@ class LabelNoiseMonitor(_LoaderCallback):
         elif isinstance(outputs, (list, tuple)):
             if self.output is None and len(outputs) > 1:
                 raise ValueError(f"the model has {len(outputs)} outputs: say which, LabelNoiseMonitor(..., output=)")
-            outputs = outputs[self.output or 0]
+            outputs = outputs[int(self.output or 0)]
         return np.asarray(keras.ops.convert_to_numpy(outputs))
 
 
