@@ -59,8 +59,8 @@ def from_quarantine(entries: Iterable[dict]) -> dict:
 
 def from_audit(report: Any) -> dict:
     """Sections from an :class:`~steadyfeed.tools.audit.AuditReport`: the samples that failed to
-    read (``quarantine``), the samples failing ``quality:<name>`` checks (``quality``), the
-    report's own ``findings`` (image quality, near-duplicates, excluded ids), and any section a check put into its ``details`` under a section's name (how further checks add theirs)."""
+    read (``quarantine``), the samples failing ``quality:<name>`` checks (``quality``), and the
+    report's own ``findings`` (image quality, near-duplicates, excluded ids)."""
     parts = []
     for check in report.checks:
         details = check.details or {}
@@ -71,7 +71,6 @@ def from_audit(report: Any) -> dict:
                        for p in details["problems"]]
             parts.append({"quality": {"checks": {check.name.partition(":")[2]: {"threshold": None,
                                                                                "flagged": flagged}}}})
-        parts.append({key: details[key] for key in SECTIONS if key in details})
     parts.append(getattr(report, "findings", None) or {})  # the sections the audit made (quality, duplicates, ...)
     return merge(*parts)
 
