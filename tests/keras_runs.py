@@ -28,6 +28,7 @@ WAIT_TIMEOUT = 3 * RUN_TIMEOUT  # a test may wait behind the runs queued before 
 COMMANDS = {
     "calls": ("test_keras_calls", [sys.executable, str(TESTS / "keras_scripts" / "run_calls.py")]),
     "backend": ("test_keras_integration", [sys.executable, str(TESTS / "keras_scripts" / "run_backend.py")]),
+    "label_noise": ("test_keras_label_noise", [sys.executable, str(TESTS / "keras_scripts" / "run_label_noise.py")]),
     "peer": ("test_keras_peer", [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-W", "ignore",
                                  str(TESTS / "keras_peer")]),
 }

@@ -256,3 +256,15 @@ def test_a_source_without_labels_skips_pairing():
     with Loader(ArraySource(x=np.arange(12.0)), 4) as loader:
         report = audit(loader, epochs=1, settings=[(0, "thread")])
     assert report.passed and statuses(report)[("pairing", None, None)] == "skip"
+
+
+def test_report_and_findings_show_the_unreadable_sample(capsys, tmp_path, no_leaks):
+    page, saved = tmp_path / "audit.html", tmp_path / "findings.json"
+    code = main(["audit", spec("unreadable"), *THREADS, "--epochs", "1", "--report", str(page),
+                 "--findings", str(saved)])
+    assert code == 1, capsys.readouterr().out
+    found = json.loads(saved.read_text())
+    assert [(q["id"], q["file"]) for q in found["quarantine"]] == [(6, "/data/<six>/6.npy")]
+    assert "truncated file" in found["quarantine"][0]["error"]
+    text = page.read_text()
+    assert 'id="quarantine"' in text and "/data/&lt;six&gt;/6.npy" in text and "<six>" not in text

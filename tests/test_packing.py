@@ -506,7 +506,7 @@ def test_cli_skip_reports_what_it_left_out_and_usage_errors_exit_2(tmp_path, cap
         assert capsys.readouterr().err.startswith("steadyfeed pack: error: ")
 
 
-@pytest.mark.parametrize("command", ["demo", "pack", "bench", "audit", "inspect"])
+@pytest.mark.parametrize("command", ["demo", "pack", "bench", "audit", "inspect", "report"])
 def test_every_commands_help_documents_its_exit_codes(command, capsys):
     with pytest.raises(SystemExit) as exc:
         main([command, "--help"])

@@ -120,3 +120,19 @@ def leaky_validation():
 
 not_a_source = 42
 threshold = 0.5  # not a function
+
+
+class BrokenSix(Wrapped):
+    """Sample 6 is an unreadable file."""
+
+    def __getitem__(self, i):
+        if i == 6:
+            raise ValueError("truncated file")
+        return self.inner[i]
+
+    def locate(self, i):
+        return f"/data/<six>/{i}.npy"
+
+
+def unreadable():
+    return Loader(BrokenSix(), BATCH, on_error="skip", max_error_fraction=0.5)

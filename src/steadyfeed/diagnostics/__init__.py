@@ -17,4 +17,10 @@ The sections a report understands (every key optional; ids are source sample ids
      "duplicates": [{"a", "b", "distance", "split_a"?, "split_b"?, "a_file"?, "b_file"?}],
      "quarantine": [{"id", "file"?, "epoch"?, "attempt"?, "error"}],
      "excluded": [{"id", "reason"}]}
+
+Keys added by the modules here (a report shows them where present): ``label_noise`` also has
+``threshold``, ``flagged``, ``samples``, ``max_records``, ``aum_histogram`` {edges, counts} and
+``split`` (see ``label_noise.LabelNoiseRecorder.findings``), its ``noise_rate`` ``confidence`` and
+``method``, its suspects ``loss``, ``records`` and ``flagged``; a ``quality`` flagged entry may have
+a ``reason`` (text); any entry may name its ``split`` (a key of the report's ``sources``).
 """

@@ -28,7 +28,8 @@ replays the call sequences each backend makes; ``tests/keras_scripts`` runs real
   as incomplete whatever it served;
 * **positions for callbacks**: ``trained(n)`` hands out, oldest first, the loader position
   after each batch Keras took, so a callback counting trained steps knows the exact resume
-  point (``LoaderCheckpoint``); ``report`` is called once per batch the stream produces
+  point (``LoaderCheckpoint``); ``follow()`` gives a callback its own queue of the batches
+  themselves, in the same order (``LabelNoiseMonitor``); ``report`` is called once per batch the stream produces
   (never again for a batch served again).
 
 Not seen through Keras's public calls, and so not handled: a build probe on a pass of one
@@ -83,6 +84,7 @@ class KerasFeed:
         self._epoch: _KerasEpoch | None = None
         self._trained: deque = deque()  # the cursor after each batch of this pass, oldest first
         self._reported: Position | None = None  # the latest position passed to report()
+        self._followers: list[deque] = []  # per follower: (position, batch) Keras took, oldest first
 
     # -- the three things Keras does ---------------------------------------------------------
     def begin(self) -> None:
@@ -135,6 +137,8 @@ class KerasFeed:
             if len(current.kept) < KEEP:
                 current.kept.append((position, after, batch))
             self._trained.append(after)
+            for follower in self._followers:
+                follower.append((position, batch))
             fresh = self._reported is None or position > self._reported
             if fresh:
                 self._reported = position
@@ -156,6 +160,19 @@ class KerasFeed:
         with self._lock:
             return [self._trained.popleft() for _ in range(min(count, len(self._trained)))]
 
+    def follow(self) -> deque:
+        """A queue of its own that gets ``(position, batch)`` for every batch Keras takes from now
+        on, in the order taken (a batch served again after a rollback comes again), emptied when a
+        pass starts like ``trained``'s; the follower pops what it has seen. ``unfollow`` it after."""
+        with self._lock:
+            follower: deque = deque()
+            self._followers.append(follower)
+            return follower
+
+    def unfollow(self, follower: deque) -> None:
+        with self._lock:
+            self._followers = [f for f in self._followers if f is not follower]
+
     def close(self) -> None:
         """Stop the loader's epoch in progress (its workers stop) and forget every pass."""
         with self._lock:
@@ -163,6 +180,8 @@ class KerasFeed:
             self._pass = self._rollback = self._epoch = None
             self._replay.clear()
             self._trained.clear()
+            for follower in self._followers:
+                follower.clear()
             self._head = None
 
     # -- passes --------------------------------------------------------------------------------
@@ -183,6 +202,8 @@ class KerasFeed:
         length = self.steps or self.loader.batches_in(start[0]) - start[1]
         self._pass = _Pass(start, length)
         self._trained.clear()
+        for follower in self._followers:
+            follower.clear()
 
     def _choose_start(self) -> Position:
         cursor = self.position()

@@ -44,6 +44,7 @@ import copy
 import threading
 import warnings
 import weakref
+from collections import deque
 from typing import Any, Callable, Iterator
 
 import keras
@@ -207,6 +208,16 @@ class KerasDataset(keras.utils.PyDataset):
         """The loader's cursor after each of the next ``count`` batches Keras took, oldest first
         (for a callback that counts trained steps, e.g. ``LoaderCheckpoint``)."""
         return self.feed.trained(count)
+
+    def follow(self) -> deque:
+        """A queue of ``(position, batch)`` for every batch Keras takes from now on, oldest first
+        (all the loader's keys, pad rows and ``"mask"`` included; see ``KerasFeed.follow``), for a
+        callback that needs the trained batches themselves (``LabelNoiseMonitor``): it pops one
+        entry per trained step. ``unfollow`` it when done."""
+        return self.feed.follow()
+
+    def unfollow(self, follower: deque) -> None:
+        self.feed.unfollow(follower)
 
     def close(self) -> None:
         """Stop the loader's epoch in progress and release this view of the loader."""

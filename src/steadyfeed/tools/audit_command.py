@@ -13,8 +13,11 @@ import contextlib
 import json
 
 from .. import quality
+from ..diagnostics import findings as findings_io
 from ..diagnostics import image_quality, near_duplicates
+from ..diagnostics.report import write as write_report
 from .audit import audit, parse_settings
+from .report_command import add_report_arguments, report_options
 from .spec import (
     SpecError, add_spec_arguments, describe, loader_from_args, loader_from_spec, resolve_callable, usage_error,
 )
@@ -49,6 +52,9 @@ def add_arguments(parser) -> None:
     audit_options.add_argument("--drift-threshold", type=float, default=quality.DRIFT_THRESHOLD, metavar="T",
                                help="largest total variation between label histograms (default %(default)s)")
     audit_options.add_argument("--json", action="store_true", help="print the report as JSON")
+    audit_options.add_argument("--findings", metavar="FILE.json",
+                               help="write the findings (quarantine, quality, ...) as JSON for steadyfeed report")
+    add_report_arguments(parser)
     audit_options.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 
@@ -72,8 +78,21 @@ def run(args) -> int:
                        label_keys=args.label_keys or ("y",), checks=checks, drift_threshold=args.drift_threshold,
                        thresholds=thresholds, near_duplicates=args.near_duplicates,
                        target=describe(args), progress=args.progress)
+        _write_findings(args, report, loader, against)  # while the sources are open, for thumbnails
     print(json.dumps(report.as_dict(), indent=1) if args.json else report.table())
     return 0 if report.passed else 1
+
+
+def _write_findings(args, report, loader, against) -> None:
+    if not (args.findings or args.report):
+        return
+    found = findings_io.from_audit(report)
+    if args.findings:
+        findings_io.save(args.findings, found)
+    if args.report:
+        sources = {"train": loader.source, **({"against": against.source} if against is not None else {})}
+        write_report(args.report, found, sources=sources,
+                     options=report_options(args, f"steadyfeed audit {report.target}"))
 
 
 def parse_thresholds(pairs: list[str]) -> dict[str, float]:

@@ -19,6 +19,7 @@ COMMANDS = {
     "bench": "bench_command",
     "audit": "audit_command",
     "inspect": "inspect_command",
+    "report": "report_command",
 }
 
 HELPS = {
@@ -27,6 +28,7 @@ HELPS = {
     "bench": "measure a loader over workers x mode, name the bottleneck, recommend a setting",
     "audit": "check a loader: exactly once, paired, reproducible, no split leaks (exit 1 on failure)",
     "inspect": "explore data before training: counts, sizes, shapes, modes, labels, unreadable files",
+    "report": "one HTML page of findings: suspected mislabels, image quality, duplicates, quarantine",
 }
 
 
@@ -50,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"steadyfeed {argv[0]}", description=module.HELP,
                                      epilog=module.EXIT_CODES)
     module.add_arguments(parser)
-    return int(module.run(parser.parse_args(argv[1:])) or 0)
+    # a command of two positionals (report FINDINGS [SPEC]) takes them on either side of its flags
+    parse = parser.parse_intermixed_args if getattr(module, "INTERMIXED", False) else parser.parse_args
+    return int(module.run(parse(argv[1:])) or 0)
 
 
 if __name__ == "__main__":
