@@ -24,7 +24,8 @@ if TYPE_CHECKING:  # the optional sources as type checkers see them; at run time
 
 __version__ = "0.1.0"
 
-__all__ = [  # sorted (tests/test_typing.py); the optional sources too (sources.OPTIONAL)
+__all__ = [
+    # sorted (tests/test_typing.py); the optional sources too (sources.OPTIONAL)
     "ArraySource",
     "Checked",
     "CollateError",
@@ -40,8 +41,8 @@ __all__ = [  # sorted (tests/test_typing.py); the optional sources too (sources.
     "LoaderConfig",
     "MemoryCache",
     "Mixture",
-    "NpyArray",
     "NoSpace",
+    "NpyArray",
     "NpyPairs",
     "ParquetSource",
     "RayClusterLost",

@@ -129,7 +129,7 @@ class NoSpace(SteadyfeedError, OSError):
         self.needed, self.free, self.total = int(needed), int(free), int(total)
 
     def __str__(self) -> str:
-        return self.strerror
+        return self.strerror or ""
 
     def __reduce__(self):
         return (type(self), (self.strerror, self.needed, self.free, self.total))

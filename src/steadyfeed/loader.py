@@ -8,7 +8,7 @@ import re
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -325,7 +325,7 @@ class Loader:
         return error
 
     # -- isolation ------------------------------------------------------------------------
-    def exclude(self, ids, reason: str = "excluded") -> int:
+    def exclude(self, ids: Iterable[int] | np.ndarray, reason: str = "excluded") -> int:
         """Leave ``ids`` out of every epoch from the next one that has not started, and return
         that epoch: the cursor's epoch when it stands at its start and no epoch is running,
         else the one after (an epoch in progress keeps its plan, so its exactly-once holds).

@@ -56,7 +56,7 @@ def check_names(names: Iterable[str] | str) -> tuple[str, ...]:
     ``"image"`` every image check; a string may be comma-separated."""
     if isinstance(names, str):
         names = [n for n in names.split(",") if n]
-    expanded = []
+    expanded: list[str] = []
     for name in names:
         expanded += CHECKS if name == "all" else image_quality.CHECKS if name == "image" else [name]
     unknown = [n for n in expanded if n not in CHECKS and n not in image_quality.CHECKS]

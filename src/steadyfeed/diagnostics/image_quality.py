@@ -169,14 +169,15 @@ def findings(ids: np.ndarray, all_scores: Mapping[str, np.ndarray], *, labels: S
     its class; ``locate(id)`` names a flagged image's file."""
     ids = np.asarray(ids, np.int64)
     limits = thresholds(all_scores, given, k)
-    checks, per_class = {}, {}
+    checks: dict[str, dict] = {}
+    per_class: dict[Any, dict[str, int]] = {}
     for name, values in all_scores.items():
         values = np.asarray(values, np.float64)
         bad = np.flatnonzero(flagged(name, values, limits[name]))
         bad = bad[np.argsort(values[bad] if CHECKS[name].low_is_bad else -values[bad], kind="stable")]
         entries = []
         for j in bad.tolist():
-            entry = {"id": int(ids[j]), "score": float(values[j])}
+            entry: dict[str, Any] = {"id": int(ids[j]), "score": float(values[j])}
             if labels is not None:
                 entry["label"] = _plain(labels[j])
                 per_class.setdefault(entry["label"], dict.fromkeys(all_scores, 0))[name] += 1

@@ -212,7 +212,7 @@ def findings(ids: np.ndarray, pairs: np.ndarray, *, other_ids: np.ndarray | None
     locate_other = locate if locate_other is None else locate_other
     out = []
     for i, j, d in pairs[np.argsort(pairs[:, 2], kind="stable")].tolist():
-        entry = {"a": int(ids[i]), "b": int(other_ids[j]), "distance": int(d)}
+        entry: dict[str, Any] = {"a": int(ids[i]), "b": int(other_ids[j]), "distance": int(d)}
         if split_a is not None:
             entry["split_a"] = split_a
         if split_b is not None:

@@ -95,7 +95,7 @@ class Exclusions:
         return (isinstance(other, Exclusions) and np.array_equal(self.ids, other.ids)
                 and np.array_equal(self.from_epoch, other.from_epoch) and self.reasons == other.reasons)
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # mutable: equal by value, so not hashable
 
 
 class ExcludingOrder:

@@ -34,7 +34,7 @@ import numpy as np
 try:
     import resource  # imported now: with no descriptor left, an import could not open its file
 except ImportError:  # Windows
-    resource = None
+    resource = None  # type: ignore[assignment]  # no fd limit to read there
 
 
 @runtime_checkable

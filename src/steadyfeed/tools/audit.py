@@ -185,6 +185,7 @@ class SourceScan:
             if key in self.labels:
                 classes = quality.label_classes(self.labels[key])
                 if classes is not None:
+                    assert self.read is not None  # labels are stored with the read mask
                     return key, [c if ok else None for c, ok in zip(classes, self.read.tolist())]
         return None, None
 
@@ -396,7 +397,7 @@ def audit(loader: Loader, *, epochs: int = 2, settings: Sequence[tuple[int, str]
     results.append(_epoch_drift(next(iter(runs.values())), drift_threshold))
     if other is not None:
         results += [_contamination(scan, other), _split_drift(scan, other, label_keys, drift_threshold)]
-    if hashing:
+    if hashing and near_duplicates is not None:  # the same test: mypy narrows on this one
         pairs = duplicate_findings(scan, other, loader, against, near_duplicates)
         results += _near_duplicates(pairs, scan, other, near_duplicates)
         findings["duplicates"] = pairs
@@ -443,7 +444,7 @@ def image_findings(scan: SourceScan, loader: Loader, label_keys: Sequence[str],
     if not scan.scores:
         return {}
     counts = {key: int(np.isfinite(values).sum()) for (key, _), values in scan.scores.items()}
-    key = max(sorted(counts), key=counts.get)
+    key = max(sorted(counts), key=lambda k: counts[k])
     scores = {check: values for (k, check), values in scan.scores.items() if k == key}
     _, classes = scan.first_classes(label_keys)
     return {"quality": image_quality.findings(np.arange(scan.size), scores, labels=classes, given=given, key=key,
@@ -469,7 +470,8 @@ def duplicate_findings(scan: SourceScan, other: SourceScan | None, loader: Loade
         other_ids, other_hashes = _hashed(other)
         found += near_duplicates.findings(
             ids, near_duplicates.find(hashes, other_hashes, max_distance), other_ids=other_ids, split_a="audited",
-            split_b="against", locate=where, locate_other=lambda i: locate(against.source, i))
+            split_b="against", locate=where,
+            locate_other=None if against is None else lambda i: locate(against.source, i))
     return found
 
 

@@ -336,8 +336,9 @@ def _judge_files(report: InspectReport, infos: dict[str, FileInfo | str], given,
     names = [name for name, info in infos.items() if isinstance(info, FileInfo) and info.scores]
     if not names:
         return
-    checks = list(infos[names[0]].scores)
-    scores = {c: np.array([infos[n].scores.get(c, np.nan) for n in names]) for c in checks}
+    scored = {n: info.scores for n in names if isinstance(info := infos[n], FileInfo)}  # all of names
+    checks = list(scored[names[0]])
+    scores = {c: np.array([scored[n].get(c, np.nan) for n in names]) for c in checks}
     labels = [n.split(os.sep, 1)[0] for n in names] if classes else None
     where = {name: j for j, name in enumerate(infos)}
     ids = np.array([where[n] for n in names], np.int64)
