@@ -4,6 +4,7 @@ way Keras ``PyDataset`` is iterated (as ``fit`` does).
 Kept light (numpy and steadyfeed only at import): steadyfeed's process workers are spawned
 and re-import the running script, and with it this module.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -12,9 +13,9 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -84,8 +85,10 @@ def best(results: list[Result], peer: bool) -> Result:
 def table(results: list[Result], markdown: bool) -> str:
     peer = best(results, peer=True).rate
     header = ("setting", "samples/s", "vs best peer", "epoch s", "coverage")
-    rows = [(r.label, f"{r.rate:,.0f}", f"{r.rate / peer:.2f}x", f"{r.seconds:.2f}",
-             "ok" if r.covered else "FAIL") for r in results]
+    rows = [
+        (r.label, f"{r.rate:,.0f}", f"{r.rate / peer:.2f}x", f"{r.seconds:.2f}", "ok" if r.covered else "FAIL")
+        for r in results
+    ]
     if markdown:
         lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * 3 + [":---:"]) + "|"]
         return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
@@ -109,14 +112,18 @@ def versions(*distributions: str) -> str:
     import torch
 
     extra = "".join(f", {name} {importlib.metadata.version(name)}" for name in distributions)
-    return (f"python {platform.python_version()}, numpy {np.__version__}, steadyfeed {steadyfeed.__version__}, "
-            f"keras {keras.__version__} (backend {keras.backend.backend()}), torch {torch.__version__}{extra}")
+    return (
+        f"python {platform.python_version()}, numpy {np.__version__}, steadyfeed {steadyfeed.__version__}, "
+        f"keras {keras.__version__} (backend {keras.backend.backend()}), torch {torch.__version__}{extra}"
+    )
 
 
 def run_line(markdown: bool, *distributions: str) -> str:
     """Date, cores, platform and versions: the first line a benchmark prints."""
-    return (f"{'**Run**: ' if markdown else ''}{datetime.date.today().isoformat()}, "
-            f"{os.cpu_count()} cores, {platform.platform()}; {versions(*distributions)}")
+    return (
+        f"{'**Run**: ' if markdown else ''}{datetime.date.today().isoformat()}, "
+        f"{os.cpu_count()} cores, {platform.platform()}; {versions(*distributions)}"
+    )
 
 
 def heading(title: str, markdown: bool) -> str:

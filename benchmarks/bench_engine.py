@@ -16,20 +16,32 @@ Run:  .venv/bin/python benchmarks/bench_engine.py [--quick] [--markdown] [--epoc
 Keras and torch are imported lazily: steadyfeed's process workers are spawned and
 re-import this file as ``__mp_main__``, so its top level stays light.
 """
+
 from __future__ import annotations
 
 import argparse
 import functools
 import math
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import numpy as np
+from _common import (
+    EpochFn,
+    Result,
+    best,
+    bullets,
+    coverage_failures,
+    heading,
+    keras_adapter,
+    keras_batches,
+    run_line,
+    table,
+    time_epochs,
+)
 
 import steadyfeed
-from _common import (EpochFn, Result, best, bullets, coverage_failures, heading, keras_adapter, keras_batches,
-                     run_line, table, time_epochs)
 
 SEED = 0
 SHAPE = (32, 32, 3)
@@ -83,8 +95,10 @@ def peer_sample(x: np.ndarray, y: np.ndarray, i: int, transform: Callable) -> tu
 @contextmanager
 def steadyfeed_epochs(x, y, wl: Workload, workers: int, mode: str) -> Iterator[EpochFn]:
     source = steadyfeed.ArraySource(x=x, y=y)
-    with steadyfeed.Loader(source, wl.batch_size, transform=wl.transform, workers=workers, mode=mode,
-                           seed=SEED, with_ids=True) as loader:
+    with steadyfeed.Loader(
+        source, wl.batch_size, transform=wl.transform, workers=workers, mode=mode, seed=SEED, with_ids=True
+    ) as loader:
+
         def epoch(e: int) -> bool:
             ids = np.concatenate([batch["id"] for batch in loader.epoch(e)])
             return np.array_equal(np.sort(ids), np.arange(len(x)))
@@ -115,9 +129,11 @@ def keras_dataset_class():
 @contextmanager
 def keras_epochs(x, y, wl: Workload, workers: int, use_multiprocessing: bool) -> Iterator[EpochFn]:
     # Iterated as `fit` does, pool start and stop included: see _common.keras_adapter.
-    dataset = keras_dataset_class()(x, y, wl.batch_size, wl.transform, workers=workers,
-                                    use_multiprocessing=use_multiprocessing)
+    dataset = keras_dataset_class()(
+        x, y, wl.batch_size, wl.transform, workers=workers, use_multiprocessing=use_multiprocessing
+    )
     with keras_adapter(dataset) as adapter:
+
         def epoch(e: int) -> bool:
             return sum(len(bx) for bx, _ in keras_batches(adapter)) == len(x)
 
@@ -141,11 +157,12 @@ class TorchSamples:
 def torch_epochs(x, y, wl: Workload, workers: int) -> Iterator[EpochFn]:
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(TorchSamples(x, y, wl.transform), batch_size=wl.batch_size, num_workers=workers,
-                        persistent_workers=workers > 0)
+    loader = DataLoader(
+        TorchSamples(x, y, wl.transform), batch_size=wl.batch_size, num_workers=workers, persistent_workers=workers > 0
+    )
 
     def epoch(e: int) -> bool:
-        return sum(len(bx) for bx, _ in loader) == len(x)
+        return sum(len(bx) for bx, _ in loader) == len(x)  # noqa: F821 - the enclosing function's, deleted only after the last epoch
 
     try:
         yield epoch
@@ -178,12 +195,16 @@ def verdicts(wl: Workload, results: list[Result]) -> list[str]:
     by_label = {(r.family, r.setting): r for r in results}
     ours, theirs = best(results, peer=False), best(results, peer=True)
     ratio = ours.rate / theirs.rate
-    lines = [f"steadyfeed best ({ours.setting}) / peer best ({theirs.family} {theirs.setting}): "
-             f"{ratio:.2f}x (target >= 1.0: {'met' if ratio >= 1.0 else 'MISSED'})"]
+    lines = [
+        f"steadyfeed best ({ours.setting}) / peer best ({theirs.family} {theirs.setting}): "
+        f"{ratio:.2f}x (target >= 1.0: {'met' if ratio >= 1.0 else 'MISSED'})"
+    ]
     if wl.gil_bound:
         scaling = by_label["steadyfeed", "process w2"].rate / by_label["steadyfeed", "process w1"].rate
-        lines.append(f"steadyfeed process w2 / process w1: {scaling:.2f}x "
-                     f"(target >= 1.7x: {'met' if scaling >= 1.7 else 'MISSED'})")
+        lines.append(
+            f"steadyfeed process w2 / process w1: {scaling:.2f}x "
+            f"(target >= 1.7x: {'met' if scaling >= 1.7 else 'MISSED'})"
+        )
     return lines + coverage_failures(results)
 
 

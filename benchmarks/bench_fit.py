@@ -38,6 +38,7 @@ Run:  .venv/bin/python benchmarks/bench_fit.py [--quick] [--steps 200] [--rounds
 
 The top level stays light: steadyfeed's spawned workers re-import this file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,7 +97,7 @@ def baseline_feeder(source, shuffle_seed):
     # a few distinct batches made in advance (one repeated batch can drive a model into
     # denormal arithmetic and run slower than real data)
     order = np.random.default_rng(shuffle_seed).permutation(len(source))
-    batches = [stacked(order[k * BATCH:(k + 1) * BATCH]) for k in range(8)]
+    batches = [stacked(order[k * BATCH : (k + 1) * BATCH]) for k in range(8)]
     if keras.backend.backend() == "torch":  # already tensors: Keras's conversion would copy numpy every step
         import torch
 
@@ -116,6 +117,7 @@ def steadyfeed_feeder(mode):
     def make(source, shuffle_seed):
         loader = sf.Loader(source, BATCH, shuffle=True, seed=shuffle_seed, workers=WORKERS, mode=mode)
         return loader.as_keras(), loader.close
+
     return make
 
 
@@ -133,7 +135,7 @@ def pydataset_feeder(source, shuffle_seed):
             return -(-len(source) // BATCH)
 
         def __getitem__(self, index):
-            samples = [source[int(i)] for i in self.order[index * BATCH:(index + 1) * BATCH]]
+            samples = [source[int(i)] for i in self.order[index * BATCH : (index + 1) * BATCH]]
             return np.stack([s["x"] for s in samples]), np.stack([np.asarray(s["y"], np.float32) for s in samples])
 
     return Files(), lambda: None
@@ -161,8 +163,12 @@ def tfdata_feeder(source, shuffle_seed):
             return tf.io.decode_jpeg(tf.io.read_file(path), channels=3), label
 
         ds = tf.data.Dataset.from_tensor_slices((list(source.files), labels))
-    ds = (ds.shuffle(len(source), seed=shuffle_seed, reshuffle_each_iteration=True)
-          .map(read, num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH).prefetch(tf.data.AUTOTUNE))
+    ds = (
+        ds.shuffle(len(source), seed=shuffle_seed, reshuffle_each_iteration=True)
+        .map(read, num_parallel_calls=tf.data.AUTOTUNE)
+        .batch(BATCH)
+        .prefetch(tf.data.AUTOTUNE)
+    )
     return ds, lambda: None
 
 
@@ -252,8 +258,11 @@ def report(name: str, best: dict) -> None:
     for feeder, timing in best.items():
         waited = max(0.0, sum(g - overhead for g in timing.gaps))
         waits[feeder] = waited / timing.seconds
-        print(f"| {name} | {feeder} | {timing.steps_per_sec():.1f} | {waits[feeder]:.1%} | "
-              f"{1000 * waited / len(timing.gaps):.3f} | {1000 * statistics.mean(timing.gaps):.2f} |", flush=True)
+        print(
+            f"| {name} | {feeder} | {timing.steps_per_sec():.1f} | {waits[feeder]:.1%} | "
+            f"{1000 * waited / len(timing.gaps):.3f} | {1000 * statistics.mean(timing.gaps):.2f} |",
+            flush=True,
+        )
     peers = {k: v for k, v in waits.items() if k != "no-data baseline"}
     lowest = min(peers, key=peers.get)
     verdict = "target met" if lowest.startswith("steadyfeed") else "target missed"
@@ -268,9 +277,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3, help="runs per feeder, interleaved; the fastest is kept")
-    parser.add_argument("--model-threads", type=int, default=max(1, (os.cpu_count() or 1) - WORKERS),
-                        help="torch intra-op threads; by default the cores the feeders' two workers leave free "
-                             "(oversubscribed OpenMP threads slow every step, whoever feeds it)")
+    parser.add_argument(
+        "--model-threads",
+        type=int,
+        default=max(1, (os.cpu_count() or 1) - WORKERS),
+        help="torch intra-op threads; by default the cores the feeders' two workers leave free "
+        "(oversubscribed OpenMP threads slow every step, whoever feeds it)",
+    )
     args = parser.parse_args()
     if os.environ["KERAS_BACKEND"] == "torch":
         import torch
@@ -286,14 +299,22 @@ def main() -> None:
         write_jpegs(os.path.join(root, "jpeg"), n_jpeg)
         print(f"generated {n_npy} npy pairs and {n_jpeg} JPEGs in {time.perf_counter() - t:.1f} s under {root}")
         datasets = {
-            f"npy {n_npy:,} x float32 64x64x3": (sf.NpyPairs(os.path.join(root, "npy", "inputs"),
-                                                          os.path.join(root, "npy", "labels")), NPY_SHAPE, 1.0),
-            f"jpeg {n_jpeg:,} x 128x128": (sf.ImageFolder(os.path.join(root, "jpeg"), size=(JPEG_SIZE, JPEG_SIZE)),
-                                           (JPEG_SIZE, JPEG_SIZE, 3), 1 / 255),
+            f"npy {n_npy:,} x float32 64x64x3": (
+                sf.NpyPairs(os.path.join(root, "npy", "inputs"), os.path.join(root, "npy", "labels")),
+                NPY_SHAPE,
+                1.0,
+            ),
+            f"jpeg {n_jpeg:,} x 128x128": (
+                sf.ImageFolder(os.path.join(root, "jpeg"), size=(JPEG_SIZE, JPEG_SIZE)),
+                (JPEG_SIZE, JPEG_SIZE, 3),
+                1 / 255,
+            ),
         }
-        print(f"backend {os.environ['KERAS_BACKEND']}, {os.cpu_count()} CPUs, {steps} timed steps after "
-              f"{args.warmup} warm-up, batch {BATCH}, best of {args.rounds} interleaved rounds, "
-              f"{args.model_threads} model thread(s)\n")
+        print(
+            f"backend {os.environ['KERAS_BACKEND']}, {os.cpu_count()} CPUs, {steps} timed steps after "
+            f"{args.warmup} warm-up, batch {BATCH}, best of {args.rounds} interleaved rounds, "
+            f"{args.model_threads} model thread(s)\n"
+        )
         print("| dataset | feeder | steps/s | data wait | wait ms/step | mean gap ms |")
         print("|---|---|---:|---:|---:|---:|")
         for name, (source, shape, scale) in datasets.items():

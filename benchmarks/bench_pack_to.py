@@ -21,6 +21,7 @@ in the same run, alternating, and the load average is printed with the results.
 
     .venv/bin/python benchmarks/bench_pack_to.py [--repeat 3] [--only npy|jpeg] [--markdown]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,7 +62,8 @@ def generate_jpeg(root: str, n: int) -> sf.ImageFolder:
         os.makedirs(os.path.join(root, f"class_{c}"))
     for i in range(n):
         field = Image.fromarray(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)).resize(
-            (JPEG_SIDE, JPEG_SIDE), Image.Resampling.BILINEAR)
+            (JPEG_SIDE, JPEG_SIDE), Image.Resampling.BILINEAR
+        )
         noise = rng.normal(0, 12, (JPEG_SIDE, JPEG_SIDE, 3))
         image = np.clip(np.asarray(field, np.float64) + noise, 0, 255).astype(np.uint8)
         Image.fromarray(image).save(os.path.join(root, f"class_{i % 2}", f"{i:05d}.jpg"), quality=90)
@@ -138,35 +140,58 @@ def bench(name: str, source, data: str, packs: str, repeat: int) -> dict:
     for _ in range(repeat):  # the last first-epoch run left a pack behind
         later["files"].append(later_epoch(source, data, packs, False))
         later["pack"].append(later_epoch(source, data, packs, True))
-    med = {k: statistics.median(v) for k, v in {**{f"first {k}": v for k, v in firsts.items()},
-                                               **{f"later {k}": v for k, v in later.items()}}.items()}
-    return {"name": name, "samples": len(source), "data_bytes": du(data), "pack_bytes": du(packs),
-            "median": med, "runs": {**firsts, **{f"later {k}": v for k, v in later.items()}},
-            "ready": statistics.median(ready),
-            "first_ratio": med["first pack_to"] / med["first files"],
-            "later_ratio": med["later files"] / med["later pack"]}
+    med = {
+        k: statistics.median(v)
+        for k, v in {
+            **{f"first {k}": v for k, v in firsts.items()},
+            **{f"later {k}": v for k, v in later.items()},
+        }.items()
+    }
+    return {
+        "name": name,
+        "samples": len(source),
+        "data_bytes": du(data),
+        "pack_bytes": du(packs),
+        "median": med,
+        "runs": {**firsts, **{f"later {k}": v for k, v in later.items()}},
+        "ready": statistics.median(ready),
+        "first_ratio": med["first pack_to"] / med["first files"],
+        "later_ratio": med["later files"] / med["later pack"],
+    }
 
 
 # -- report -------------------------------------------------------------------------------------
 def report(results: list[dict], loads: tuple, markdown: bool, repeat: int) -> str:
-    lines = [f"{'**Run**: ' if markdown else ''}{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-             f"{os.cpu_count()} cores, steadyfeed {sf.__version__}, numpy {np.__version__}; batch {BATCH}, "
-             f"{WORKERS} worker threads, shuffled; median of {repeat} run(s) in turns; load average "
-             f"{loads[0][0]:.1f} / {loads[0][1]:.1f} / {loads[0][2]:.1f} before, "
-             f"{loads[1][0]:.1f} / {loads[1][1]:.1f} / {loads[1][2]:.1f} after", ""]
-    head = ("| data | first epoch, files | first epoch, pack_to | ratio (target <= 1.15) | pack ready after | "
-            "later epoch, files | later epoch, pack | speed-up (target >= 2) | files / pack on disk |")
+    lines = [
+        f"{'**Run**: ' if markdown else ''}{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"{os.cpu_count()} cores, steadyfeed {sf.__version__}, numpy {np.__version__}; batch {BATCH}, "
+        f"{WORKERS} worker threads, shuffled; median of {repeat} run(s) in turns; load average "
+        f"{loads[0][0]:.1f} / {loads[0][1]:.1f} / {loads[0][2]:.1f} before, "
+        f"{loads[1][0]:.1f} / {loads[1][1]:.1f} / {loads[1][2]:.1f} after",
+        "",
+    ]
+    head = (
+        "| data | first epoch, files | first epoch, pack_to | ratio (target <= 1.15) | pack ready after | "
+        "later epoch, files | later epoch, pack | speed-up (target >= 2) | files / pack on disk |"
+    )
     lines += [head, "|---" * (head.count("|") - 1) + "|"]
     for r in results:
         m = r["median"]
-        lines.append(f"| {r['name']} ({r['samples']:,}) | {m['first files']:.2f} s | {m['first pack_to']:.2f} s | "
-                     f"{r['first_ratio']:.2f}x {'ok' if r['first_ratio'] <= FIRST_EPOCH_TARGET else 'MISSED'} | "
-                     f"{r['ready']:.2f} s | {m['later files']:.2f} s | {m['later pack']:.2f} s | "
-                     f"{r['later_ratio']:.2f}x {'ok' if r['later_ratio'] >= LATER_TARGET else 'MISSED'} | "
-                     f"{r['data_bytes'] / 2**20:.0f} / {r['pack_bytes'] / 2**20:.0f} MB |")
-    lines += ["", "runs (seconds): " + "; ".join(
-        f"{r['name']}: " + ", ".join(f"{k} {' '.join(f'{s:.2f}' for s in v)}" for k, v in r["runs"].items())
-        for r in results)]
+        lines.append(
+            f"| {r['name']} ({r['samples']:,}) | {m['first files']:.2f} s | {m['first pack_to']:.2f} s | "
+            f"{r['first_ratio']:.2f}x {'ok' if r['first_ratio'] <= FIRST_EPOCH_TARGET else 'MISSED'} | "
+            f"{r['ready']:.2f} s | {m['later files']:.2f} s | {m['later pack']:.2f} s | "
+            f"{r['later_ratio']:.2f}x {'ok' if r['later_ratio'] >= LATER_TARGET else 'MISSED'} | "
+            f"{r['data_bytes'] / 2**20:.0f} / {r['pack_bytes'] / 2**20:.0f} MB |"
+        )
+    lines += [
+        "",
+        "runs (seconds): "
+        + "; ".join(
+            f"{r['name']}: " + ", ".join(f"{k} {' '.join(f'{s:.2f}' for s in v)}" for k, v in r["runs"].items())
+            for r in results
+        ),
+    ]
     return "\n".join(lines)
 
 

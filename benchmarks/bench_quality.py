@@ -26,6 +26,7 @@ printed), noise-rate estimate within 3 points of the truth.
 Run:  .venv/bin/python benchmarks/bench_quality.py [--epochs 30] [--backend jax] [--seed 0] [--cost]
 Needs the ``bench`` extra (scikit-learn, cleanlab) and a Keras backend.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,9 @@ def digits(rate: float, seed: int):
 
 def make_model(keras, seed: int):
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
-                              keras.layers.Dense(CLASSES)])
+    model = keras.Sequential(
+        [keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(CLASSES)]
+    )
     model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
@@ -79,9 +81,15 @@ def run_steadyfeed(keras, x, y, epochs: int, seed: int, every: int) -> dict:
         found = monitor.findings()
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     suspects = {s["id"] for s in found["suspects"]}
-    return {"suspects": suspects, "rate": found["noise_rate"], "seconds": seconds, "cpu": cpu, "trainings": 1,
-            "rows": f"{epochs * len(x):,} + {epochs * len(x):,}",
-            "monitor_seconds": monitor.seconds}
+    return {
+        "suspects": suspects,
+        "rate": found["noise_rate"],
+        "seconds": seconds,
+        "cpu": cpu,
+        "trainings": 1,
+        "rows": f"{epochs * len(x):,} + {epochs * len(x):,}",
+        "monitor_seconds": monitor.seconds,
+    }
 
 
 def fit_seconds(keras, x, y, epochs: int, seed: int, every: int | None) -> tuple[float, float]:
@@ -131,8 +139,14 @@ def run_cleanlab(keras, x, y, epochs: int, seed: int) -> dict:
     issues = find_label_issues(labels=y, pred_probs=pred_probs, n_jobs=1)  # no fork of a framework's threads
     rate = num_label_issues(labels=y, pred_probs=pred_probs) / len(y)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return {"suspects": set(np.flatnonzero(issues).tolist()), "rate": {"estimate": rate}, "seconds": seconds,
-            "cpu": cpu, "trainings": FOLDS, "rows": f"{trained:,} + {len(x):,}"}
+    return {
+        "suspects": set(np.flatnonzero(issues).tolist()),
+        "rate": {"estimate": rate},
+        "seconds": seconds,
+        "cpu": cpu,
+        "trainings": FOLDS,
+        "rows": f"{trained:,} + {len(x):,}",
+    }
 
 
 def warm_up(keras) -> None:
@@ -155,8 +169,11 @@ def main() -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
 
-    print(f"load_digits, {args.epochs} epochs, batch {BATCH}, Keras {keras.__version__} on {keras.backend.backend()}, "
-          f"seed {args.seed}, LabelNoiseMonitor(every={args.every})", flush=True)
+    print(
+        f"load_digits, {args.epochs} epochs, batch {BATCH}, Keras {keras.__version__} on {keras.backend.backend()}, "
+        f"seed {args.seed}, LabelNoiseMonitor(every={args.every})",
+        flush=True,
+    )
     warm_up(keras)
     rows, met = [], []
     for rate in RATES:
@@ -164,26 +181,46 @@ def main() -> int:
         ours = run_steadyfeed(keras, x, y, args.epochs, args.seed, args.every)
         theirs = run_cleanlab(keras, x, y, args.epochs, args.seed)
         truth = len(flipped) / len(y)
-        for name, r in (("steadyfeed (1 fit + LabelNoiseMonitor)", ours), ("cleanlab (5-fold CV + find_label_issues)",
-                                                                          theirs)):
+        for name, r in (
+            ("steadyfeed (1 fit + LabelNoiseMonitor)", ours),
+            ("cleanlab (5-fold CV + find_label_issues)", theirs),
+        ):
             s = scores(r["suspects"], flipped)
             est = r["rate"]
             interval = f" ({100 * est['low']:.1f}-{100 * est['high']:.1f})" if "low" in est else ""
-            rows.append(f"| {100 * rate:.0f}% | {name} | {s['precision']:.3f} | {s['recall']:.3f} | {s['f1']:.3f} | "
-                        f"{s['suspects']} | {100 * est['estimate']:.1f}%{interval} | {r['seconds']:.1f} | "
-                        f"{r['cpu']:.1f} | {r['trainings']} | {r['rows']} |")
+            rows.append(
+                f"| {100 * rate:.0f}% | {name} | {s['precision']:.3f} | {s['recall']:.3f} | {s['f1']:.3f} | "
+                f"{s['suspects']} | {100 * est['estimate']:.1f}%{interval} | {r['seconds']:.1f} | "
+                f"{r['cpu']:.1f} | {r['trainings']} | {r['rows']} |"
+            )
             r["scores"] = s
         ratio = ours["cpu"] / theirs["cpu"]
-        met += [("F1 >= cleanlab's", rate, ours["scores"]["f1"] >= theirs["scores"]["f1"],
-                 f"{ours['scores']['f1']:.3f} vs {theirs['scores']['f1']:.3f}"),
-                ("compute (CPU seconds) <= 1/3 of cleanlab's", rate, ratio <= 1 / 3,
-                 f"{ratio:.2f} (wall: {ours['seconds'] / theirs['seconds']:.2f}; monitor: "
-                 f"{ours['monitor_seconds']:.1f} s of {ours['seconds']:.1f} s)"),
-                ("noise rate within 3 points", rate, abs(ours["rate"]["estimate"] - truth) <= 0.03,
-                 f"{100 * ours['rate']['estimate']:.1f}% vs {100 * truth:.1f}%")]
+        met += [
+            (
+                "F1 >= cleanlab's",
+                rate,
+                ours["scores"]["f1"] >= theirs["scores"]["f1"],
+                f"{ours['scores']['f1']:.3f} vs {theirs['scores']['f1']:.3f}",
+            ),
+            (
+                "compute (CPU seconds) <= 1/3 of cleanlab's",
+                rate,
+                ratio <= 1 / 3,
+                f"{ratio:.2f} (wall: {ours['seconds'] / theirs['seconds']:.2f}; monitor: "
+                f"{ours['monitor_seconds']:.1f} s of {ours['seconds']:.1f} s)",
+            ),
+            (
+                "noise rate within 3 points",
+                rate,
+                abs(ours["rate"]["estimate"] - truth) <= 0.03,
+                f"{100 * ours['rate']['estimate']:.1f}% vs {100 * truth:.1f}%",
+            ),
+        ]
         print(f"noise {100 * rate:.0f}% done", flush=True)
-    print("\n| noise | method | precision | recall | F1 | suspects | est. noise rate (95% interval) | wall s | "
-          "CPU s | trainings | rows trained + forward only |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    print(
+        "\n| noise | method | precision | recall | F1 | suspects | est. noise rate (95% interval) | wall s | "
+        "CPU s | trainings | rows trained + forward only |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    )
     print("\n".join(rows))
     print(f"\n#### Targets: {sum(m[2] for m in met)} of {len(met)} met\n")
     for what, rate, ok, detail in met:

@@ -23,6 +23,7 @@ the longest wait for a batch after the kill, and the epoch's time against one wi
 Run:  .venv/bin/python benchmarks/bench_ray.py [--epochs 5]
       .venv/bin/python benchmarks/bench_ray.py --node-loss 3
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,9 +34,9 @@ import tempfile
 import time
 
 import numpy as np
+from _common import time_interleaved
 
 import steadyfeed
-from _common import time_interleaved
 
 BATCH = 32
 SETTINGS = [  # (label, mode, workers)
@@ -99,13 +100,24 @@ def epoch_fn(loader, n: int):
     def run(e: int) -> bool:
         ids = np.concatenate([b["id"] for b in loader.epoch(e)])
         return sorted(ids.tolist()) == list(range(n))
+
     return run
 
 
 def time_workload(source, epochs: int) -> list[float]:
     """Median epoch seconds per setting, all loaders open and their epochs interleaved."""
-    loaders = [steadyfeed.Loader(source, BATCH, shuffle=True, workers=w, mode=m, with_ids=True,
-                                 inline_when_faster=False if w and m != "ray" else None) for _, m, w in SETTINGS]
+    loaders = [
+        steadyfeed.Loader(
+            source,
+            BATCH,
+            shuffle=True,
+            workers=w,
+            mode=m,
+            with_ids=True,
+            inline_when_faster=False if w and m != "ray" else None,
+        )
+        for _, m, w in SETTINGS
+    ]
     try:
         results = time_interleaved([epoch_fn(lo, len(source)) for lo in loaders], epochs)
     finally:
@@ -134,8 +146,10 @@ def throughput(args) -> None:
             for name, source in workloads:
                 seconds = time_workload(source, args.epochs)
                 rows.append((name, len(source), seconds))
-                print(f"# {name}: " + ", ".join(f"{label} {s:.3f}s" for (label, _, _), s in zip(SETTINGS, seconds)),
-                      flush=True)
+                print(
+                    f"# {name}: " + ", ".join(f"{label} {s:.3f}s" for (label, _, _), s in zip(SETTINGS, seconds)),
+                    flush=True,
+                )
     finally:
         import ray
 
@@ -147,16 +161,28 @@ def throughput(args) -> None:
 def report(rows, args) -> None:
     print(f"\nbatch {BATCH}, shuffled; median of {args.epochs} interleaved epochs after a warm-up each\n")
     labels = [label for label, _, _ in SETTINGS]
-    print("| workload | " + " | ".join(f"{label} samples/s" for label in labels) + " | ray w2 vs inline | ray w2 vs process w2 |")
+    print(
+        "| workload | "
+        + " | ".join(f"{label} samples/s" for label in labels)
+        + " | ray w2 vs inline | ray w2 vs process w2 |"
+    )
     print("|---|" + "---:|" * (len(labels) + 2))
     for name, n, seconds in rows:
         rates = [n / s for s in seconds]
-        print(f"| {name} | " + " | ".join(f"{r:,.0f}" for r in rates)
-              + f" | {rates[4] / rates[0]:.2f}x | {rates[4] / rates[2]:.2f}x |")
+        print(
+            f"| {name} | "
+            + " | ".join(f"{r:,.0f}" for r in rates)
+            + f" | {rates[4] / rates[0]:.2f}x | {rates[4] / rates[2]:.2f}x |"
+        )
     name, n, seconds = rows[0]
     batches = -(-n // BATCH)
-    print(f"\nno-op, ms per batch (overhead vs inline): " + ", ".join(
-        f"{label} {s / batches * 1e3:.2f} ({(s - seconds[0]) / batches * 1e3:+.2f})" for label, s in zip(labels, seconds)))
+    print(
+        "\nno-op, ms per batch (overhead vs inline): "
+        + ", ".join(
+            f"{label} {s / batches * 1e3:.2f} ({(s - seconds[0]) / batches * 1e3:+.2f})"
+            for label, s in zip(labels, seconds)
+        )
+    )
 
 
 # -- node loss ------------------------------------------------------------------------
@@ -179,8 +205,10 @@ def node_loss(trials: int, n: int) -> None:
                 ray.shutdown()
             print(f"# trial {trial + 1}: " + ", ".join(f"{k} {v:.2f}s" for k, v in rows[-1].items()), flush=True)
     print(f"load average after: {load()}")
-    print(f"\n{trials} trials, {n} samples, batch {BATCH}, 2 actors (one per node), the second node's raylet killed "
-          "after batch 20; medians (min-max):\n")
+    print(
+        f"\n{trials} trials, {n} samples, batch {BATCH}, 2 actors (one per node), the second node's raylet killed "
+        "after batch 20; medians (min-max):\n"
+    )
     for key in rows[0]:
         values = [r[key] for r in rows]
         print(f"- {key}: {statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})")
@@ -208,9 +236,12 @@ def one_loss(cluster, node, source) -> dict:
                 node.kill_raylet()
                 killed = now
         assert sorted(np.concatenate(ids).tolist()) == list(range(len(source))), "coverage broken"
-        return {"loss acted on (seen at the next batch)": acted if acted is not None else float("nan"),
-                "longest wait for a batch": longest, "epoch with the kill": time.monotonic() - t0,
-                "epoch without": clean}
+        return {
+            "loss acted on (seen at the next batch)": acted if acted is not None else float("nan"),
+            "longest wait for a batch": longest,
+            "epoch with the kill": time.monotonic() - t0,
+            "epoch without": clean,
+        }
 
 
 def main() -> None:

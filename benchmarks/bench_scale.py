@@ -19,6 +19,7 @@ Run from the repository root (``bench`` extra: torch, grain)::
     .venv/bin/python benchmarks/bench_scale.py --markdown
     .venv/bin/python benchmarks/bench_scale.py --sizes 1000,1000000 --files 10000   # quick
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,15 +59,18 @@ class Trivial:
 
     def __getitem__(self, i):
         import numpy as np
+
         return {"x": np.int64(i)}
 
     def read_batch(self, ids):
         import numpy as np
+
         return {"x": np.asarray(ids, dtype=np.int64).copy()}
 
 
 def _epoch_steadyfeed(n: int):
     import steadyfeed as sf
+
     base = _rss_mb()
     t0 = time.perf_counter()
     loader = sf.Loader(Trivial(n), BATCH, shuffle=True, seed=0)
@@ -101,8 +105,7 @@ def _epoch_grain(n: int):
     base = _rss_mb()
     t0 = time.perf_counter()
     sampler = grain.IndexSampler(num_records=n, shard_options=grain.NoSharding(), shuffle=True, num_epochs=1, seed=0)
-    loader = grain.DataLoader(data_source=Trivial(n), sampler=sampler, operations=[grain.Batch(BATCH)],
-                              worker_count=0)
+    loader = grain.DataLoader(data_source=Trivial(n), sampler=sampler, operations=[grain.Batch(BATCH)], worker_count=0)
     it = iter(loader)
     first = next(it)
     return base, t0, first, it
@@ -119,6 +122,7 @@ def child_epoch(library: str, n: int) -> dict:
     else:
         import grain.python  # noqa: F401
     import numpy  # noqa: F401
+
     base, t0, first, it = EPOCHS[library](n)
     first_s = time.perf_counter() - t0
     t1, taken = time.perf_counter(), 0
@@ -130,13 +134,20 @@ def child_epoch(library: str, n: int) -> dict:
         taken += 1
     per_batch = (time.perf_counter() - t1) / max(taken, 1)
     rows = len(first["x"]) if isinstance(first, dict) else len(first)
-    return {"first_batch_s": first_s, "per_batch_us": per_batch * 1e6, "batches_timed": taken,
-            "rss_base_mb": base, "rss_added_mb": max(0.0, _peak_mb() - base), "batch": rows}
+    return {
+        "first_batch_s": first_s,
+        "per_batch_us": per_batch * 1e6,
+        "batches_timed": taken,
+        "rss_base_mb": base,
+        "rss_added_mb": max(0.0, _peak_mb() - base),
+        "batch": rows,
+    }
 
 
 def child_listing(kind: str, root: str) -> dict:
     import glob
     import pickle
+
     if kind.startswith("steadyfeed"):
         from steadyfeed.sources.images import ImageFolder
     base = _rss_mb()
@@ -149,8 +160,13 @@ def child_listing(kind: str, root: str) -> dict:
         count, shipped = len(source), len(pickle.dumps(source))
         kept = source._listing.nbytes() / count
     seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "files": count, "rss_added_mb": max(0.0, _peak_mb() - base),
-            "pickled_bytes": shipped, "kept_bytes_per_file": kept}
+    return {
+        "seconds": seconds,
+        "files": count,
+        "rss_added_mb": max(0.0, _peak_mb() - base),
+        "pickled_bytes": shipped,
+        "kept_bytes_per_file": kept,
+    }
 
 
 def _child_main(argv: list[str]) -> None:
@@ -169,8 +185,8 @@ def run_child(args: list[str], limit_gb: float, timeout: float) -> dict:
         return {"error": f"no first batch within {timeout:.0f} s"}
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = (done.stderr.strip().splitlines() or ["exit code %d" % done.returncode])[-1]
+            return json.loads(line[len("RESULT ") :])
+    tail = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
     return {"error": tail[-160:]}
 
 
@@ -199,14 +215,18 @@ def fmt(value, spec: str, unit: str = "") -> str:
 
 
 def epoch_table(rows: list[tuple[int, str, dict]]) -> list[str]:
-    lines = ["| N | loader | first batch | next batches (mean) | peak RSS | RSS added (above imports) |",
-             "|---:|---|---:|---:|---:|---:|"]
+    lines = [
+        "| N | loader | first batch | next batches (mean) | peak RSS | RSS added (above imports) |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
     for n, library, r in rows:
         if "error" in r:
             lines.append(f"| {n:.0e} | {library} | failed: {r['error']} | | | |")
         else:
-            lines.append(f"| {n:.0e} | {library} | {r['first_batch_s']:.3f} s | {r['per_batch_us']:,.0f} us | "
-                         f"{r['rss_base_mb'] + r['rss_added_mb']:,.0f} MB | {r['rss_added_mb']:,.1f} MB |")
+            lines.append(
+                f"| {n:.0e} | {library} | {r['first_batch_s']:.3f} s | {r['per_batch_us']:,.0f} us | "
+                f"{r['rss_base_mb'] + r['rss_added_mb']:,.0f} MB | {r['rss_added_mb']:,.1f} MB |"
+            )
     return lines
 
 
@@ -217,8 +237,9 @@ def listing_table(rows: list[tuple[str, dict]]) -> list[str]:
             lines.append(f"| {kind} | failed: {r['error']} | | | |")
             continue
         kept = fmt(r["kept_bytes_per_file"], ".0f", " B")
-        lines.append(f"| {kind} | {r['seconds']:.2f} | {r['rss_added_mb']:,.0f} MB | {kept} | "
-                     f"{r['pickled_bytes']:,} B |")
+        lines.append(
+            f"| {kind} | {r['seconds']:.2f} | {r['rss_added_mb']:,.0f} MB | {kept} | {r['pickled_bytes']:,} B |"
+        )
     return lines
 
 
@@ -257,8 +278,10 @@ def main() -> None:
         try:
             made = make_tree(root, classes, per_class)
             print(f"# made {classes * per_class:,} empty files in {classes} folders in {made:.0f} s; {load_line()}")
-            listing_rows = [(kind, run_child(["listing", kind, root], args.limit_gb, args.timeout * 4))
-                            for kind in ("glob", "steadyfeed cold", "steadyfeed warm")]
+            listing_rows = [
+                (kind, run_child(["listing", kind, root], args.limit_gb, args.timeout * 4))
+                for kind in ("glob", "steadyfeed cold", "steadyfeed warm")
+            ]
             print("\n".join(listing_table(listing_rows)))
         finally:
             shutil.rmtree(root, ignore_errors=True)

@@ -44,6 +44,7 @@ workers are spawned and re-import this file as ``__mp_main__``, so its top level
 light. TensorFlow is imported when the first tf.data setting is built (the last loader of
 the first dataset), with its C++ logging turned down.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,15 +57,25 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import numpy as np
+from _common import (
+    EpochFn,
+    Result,
+    bullets,
+    coverage_failures,
+    heading,
+    keras_adapter,
+    keras_batches,
+    run_line,
+    table,
+    time_interleaved,
+)
 
 import steadyfeed
-from _common import (EpochFn, Result, bullets, coverage_failures, heading, keras_adapter, keras_batches, run_line,
-                     table, time_interleaved)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported: no INFO/WARNING logs
 
@@ -129,7 +140,7 @@ def generate_hdf5(path: str, n: int) -> None:
             block = rng.integers(0, 256, (min(2048, n - start), *HDF5_SHAPE), dtype=np.uint8)
             ids = np.arange(start, start + len(block))
             block[:, 0, 0, 0], block[:, 0, 0, 1], block[:, 0, 0, 2] = ids >> 16, (ids >> 8) & 255, ids & 255
-            images[start:start + len(block)] = block
+            images[start : start + len(block)] = block
 
 
 def generate_jpeg(root: str, n: int) -> None:
@@ -143,12 +154,15 @@ def generate_jpeg(root: str, n: int) -> None:
         os.makedirs(os.path.join(root, f"class_{c}"))
     for i in range(n):
         field = Image.fromarray(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)).resize(
-            (JPEG_SIDE, JPEG_SIDE), Image.Resampling.BILINEAR)
+            (JPEG_SIDE, JPEG_SIDE), Image.Resampling.BILINEAR
+        )
         noise = rng.normal(0, 12, (JPEG_SIDE, JPEG_SIDE, 3))
         img = np.clip(np.asarray(field, np.float64) + noise, 0, 255).astype(np.uint8)
         for b in range(JPEG_BITS):
             r, c = divmod(b, JPEG_BITS // 2)
-            img[r * JPEG_BLOCK:(r + 1) * JPEG_BLOCK, c * JPEG_BLOCK:(c + 1) * JPEG_BLOCK] = 255 if (i >> b) & 1 else 0
+            img[r * JPEG_BLOCK : (r + 1) * JPEG_BLOCK, c * JPEG_BLOCK : (c + 1) * JPEG_BLOCK] = (
+                255 if (i >> b) & 1 else 0
+            )
         Image.fromarray(img).save(os.path.join(root, f"class_{i % 2}", f"{i:05d}.jpg"), quality=90)
 
 
@@ -174,12 +188,21 @@ def generate_records(root: str, n: int) -> None:
     tf = tf_module()
     with tf.io.TFRecordWriter(os.path.join(root, TFRECORD_NAME), options="GZIP") as writer:
         for jpeg, label in zip(data, labels.tolist()):
-            writer.write(tf.train.Example(features=tf.train.Features(feature={
-                "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
-                "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-            })).SerializeToString())
-    pq.write_table(pa.table({"image": pa.array(data, pa.binary()), "label": pa.array(labels, pa.int64())}),
-                   os.path.join(root, PARQUET_NAME), row_group_size=RECORDS_ROW_GROUP)
+            writer.write(
+                tf.train.Example(
+                    features=tf.train.Features(
+                        feature={
+                            "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
+                            "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+                        }
+                    )
+                ).SerializeToString()
+            )
+    pq.write_table(
+        pa.table({"image": pa.array(data, pa.binary()), "label": pa.array(labels, pa.int64())}),
+        os.path.join(root, PARQUET_NAME),
+        row_group_size=RECORDS_ROW_GROUP,
+    )
 
 
 @dataclass(frozen=True)
@@ -199,16 +222,45 @@ class Dataset:
 
 
 DATASETS = {
-    "npy": Dataset("npy", 20_000, 2_000, "`.npy` pairs, float32 (64, 64, 3) + float32 (1,) label",
-                   generate_npy, npy_indices, lambda i: i),
-    "hdf5": Dataset("hdf5", 20_000, 4_000, "HDF5, uint8 (64, 64, 3) + int64 labels, uncompressed, "
-                    f"chunks of {HDF5_CHUNK_ROWS} rows", generate_hdf5, hdf5_indices, lambda i: i, epoch_scale=3,
-                    interleave=False),
-    "jpeg": Dataset("jpeg", 5_000, 600, f"JPEG {JPEG_SIDE} x {JPEG_SIDE} RGB, quality 90, 2 class folders",
-                    generate_jpeg, jpeg_indices, lambda i: i % 2),
-    "records": Dataset("records", 5_000, 600, f"the JPEG dataset as one GZIP TFRecord (TFRecordWriter) and one "
-                       f"Parquet file (row groups of {RECORDS_ROW_GROUP})", generate_records, jpeg_indices,
-                       lambda i: i % 2),
+    "npy": Dataset(
+        "npy",
+        20_000,
+        2_000,
+        "`.npy` pairs, float32 (64, 64, 3) + float32 (1,) label",
+        generate_npy,
+        npy_indices,
+        lambda i: i,
+    ),
+    "hdf5": Dataset(
+        "hdf5",
+        20_000,
+        4_000,
+        f"HDF5, uint8 (64, 64, 3) + int64 labels, uncompressed, chunks of {HDF5_CHUNK_ROWS} rows",
+        generate_hdf5,
+        hdf5_indices,
+        lambda i: i,
+        epoch_scale=3,
+        interleave=False,
+    ),
+    "jpeg": Dataset(
+        "jpeg",
+        5_000,
+        600,
+        f"JPEG {JPEG_SIDE} x {JPEG_SIDE} RGB, quality 90, 2 class folders",
+        generate_jpeg,
+        jpeg_indices,
+        lambda i: i % 2,
+    ),
+    "records": Dataset(
+        "records",
+        5_000,
+        600,
+        f"the JPEG dataset as one GZIP TFRecord (TFRecordWriter) and one "
+        f"Parquet file (row groups of {RECORDS_ROW_GROUP})",
+        generate_records,
+        jpeg_indices,
+        lambda i: i % 2,
+    ),
 }
 
 
@@ -224,8 +276,11 @@ def prepare(ds: Dataset, data_dir: str, n: int) -> str:
         t0 = time.perf_counter()
         ds.generate(path, n)
         open(done, "w").close()
-        print(f"(generated {n:,} {ds.key} samples in {path} in {time.perf_counter() - t0:.0f} s)", file=sys.stderr,
-              flush=True)
+        print(
+            f"(generated {n:,} {ds.key} samples in {path} in {time.perf_counter() - t0:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
     return path
 
 
@@ -246,12 +301,16 @@ class Coverage:
         if not self.ids:
             return self.n == 0
         ids, labels = np.concatenate(self.ids), np.concatenate(self.labels)
-        return (len(ids) == self.n and np.array_equal(np.sort(ids), np.arange(self.n))
-                and np.array_equal(labels, self.ds.label_of(ids)))
+        return (
+            len(ids) == self.n
+            and np.array_equal(np.sort(ids), np.arange(self.n))
+            and np.array_equal(labels, self.ds.label_of(ids))
+        )
 
 
 def checked_epoch(ds: Dataset, n: int, batches: Callable[[int], Iterator]) -> EpochFn:
     """An EpochFn that runs ``batches(e)`` (an iterable of (x, y)) through a Coverage check."""
+
     def epoch(e: int) -> bool:
         cov = Coverage(ds, n)
         for x, y in batches(e):
@@ -325,11 +384,11 @@ def steadyfeed_source(ds: Dataset, path: str, cache: bool = False):
 
 
 @contextmanager
-def steadyfeed_epochs(ds: Dataset, path: str, n: int, workers: int, mode: str, shuffle: bool = False,
-                      cache: bool = False, **options) -> Iterator[EpochFn]:
+def steadyfeed_epochs(
+    ds: Dataset, path: str, n: int, workers: int, mode: str, shuffle: bool = False, cache: bool = False, **options
+) -> Iterator[EpochFn]:
     source = steadyfeed_source(ds, path, cache)
-    with steadyfeed.Loader(source, BATCH, shuffle=shuffle, seed=SEED, workers=workers, mode=mode,
-                           **options) as loader:
+    with steadyfeed.Loader(source, BATCH, shuffle=shuffle, seed=SEED, workers=workers, mode=mode, **options) as loader:
         yield checked_epoch(ds, n, lambda e: ((b["x"], b["y"]) for b in loader.epoch(e)))
 
 
@@ -361,15 +420,21 @@ def tf_records_epochs(ds: Dataset, path: str, n: int) -> Iterator[EpochFn]:
     decode_jpeg mapped with AUTOTUNE, batch, prefetch."""
     tf = tf_module()
     auto = tf.data.AUTOTUNE
-    spec = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
-            "image/class/label": tf.io.FixedLenFeature([], tf.int64)}
+    spec = {
+        "image/encoded": tf.io.FixedLenFeature([], tf.string),
+        "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+    }
 
     def parse(record):
         ex = tf.io.parse_single_example(record, spec)
         return tf.io.decode_jpeg(ex["image/encoded"], channels=3), ex["image/class/label"]
 
-    dataset = (tf.data.TFRecordDataset(os.path.join(path, TFRECORD_NAME), compression_type="GZIP")
-               .map(parse, num_parallel_calls=auto).batch(BATCH).prefetch(auto))
+    dataset = (
+        tf.data.TFRecordDataset(os.path.join(path, TFRECORD_NAME), compression_type="GZIP")
+        .map(parse, num_parallel_calls=auto)
+        .batch(BATCH)
+        .prefetch(auto)
+    )
     yield checked_epoch(ds, n, lambda e: dataset.as_numpy_iterator())
 
 
@@ -378,12 +443,14 @@ def pyarrow_epochs(ds: Dataset, path: str, n: int, decoder: str) -> Iterator[Epo
     """pyarrow's own batched reader (ParquetFile.iter_batches, batches of 32), each image decoded
     with PIL (what users write), or with steadyfeed.decode_image in the same loop (a reference:
     the same decoder as steadyfeed, one thread)."""
-    import pyarrow.parquet as pq
-    from PIL import Image
     import io
 
-    decode = (lambda b: np.array(Image.open(io.BytesIO(b)).convert("RGB"))) if decoder == "PIL" \
-        else steadyfeed.decode_image
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    decode = (
+        (lambda b: np.array(Image.open(io.BytesIO(b)).convert("RGB"))) if decoder == "PIL" else steadyfeed.decode_image
+    )
 
     def batches(e: int):
         with pq.ParquetFile(os.path.join(path, PARQUET_NAME)) as f:
@@ -425,8 +492,7 @@ def keras_dataset_class():
         def __getitem__(self, index: int):
             lo, hi = index * BATCH, min((index + 1) * BATCH, self.n)
             if self.kind == "npy":
-                return (np.stack([np.load(p) for p in self.xs[lo:hi]]),
-                        np.stack([np.load(p) for p in self.ys[lo:hi]]))
+                return (np.stack([np.load(p) for p in self.xs[lo:hi]]), np.stack([np.load(p) for p in self.ys[lo:hi]]))
             if self.kind == "hdf5":
                 images, labels = self.h5.datasets()
                 return images[lo:hi], labels[lo:hi]
@@ -491,6 +557,7 @@ def torch_epochs(ds: Dataset, path: str, n: int, workers: int) -> Iterator[Epoch
     samples = TorchSamples(ds.key, path)
     # persistent workers: started in the warm-up epoch, not timed again (torch's fastest setting)
     loader = DataLoader(samples, batch_size=BATCH, num_workers=workers, persistent_workers=workers > 0)
+
     # One intra-op thread while torch's epoch runs, as torch sets in its own workers: with the
     # default (one per core) the main process's collate (torch.stack) spins its OpenMP threads
     # against the loaded cores, and num_workers=0 measured 3-14x slower on JPEG here. The
@@ -499,7 +566,7 @@ def torch_epochs(ds: Dataset, path: str, n: int, workers: int) -> Iterator[Epoch
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            yield from loader
+            yield from loader  # noqa: F821 - the enclosing function's, deleted only after the last epoch
         finally:
             torch.set_num_threads(threads)
 
@@ -545,8 +612,12 @@ def tf_dataset(ds: Dataset, path: str, n: int, variant: str, h5: H5Rows):
             y.set_shape((1,))
             return x, y
 
-        return (tf.data.Dataset.from_tensor_slices(npy_files(path)).map(load, num_parallel_calls=auto)
-                .batch(BATCH).prefetch(auto))
+        return (
+            tf.data.Dataset.from_tensor_slices(npy_files(path))
+            .map(load, num_parallel_calls=auto)
+            .batch(BATCH)
+            .prefetch(auto)
+        )
     if ds.key == "hdf5" and variant == "generator":
         # The textbook pattern: a Python generator over h5py rows, from_generator, batch, prefetch.
         # A generator cannot be mapped in parallel: rows come one by one through the GIL.
@@ -575,14 +646,19 @@ def tf_dataset(ds: Dataset, path: str, n: int, variant: str, h5: H5Rows):
             return x, y
 
         return tf.data.Dataset.range(math.ceil(n / BATCH)).map(load, num_parallel_calls=auto).prefetch(auto)
+
     # jpeg: the tf.data tutorial's pipeline: read_file + decode_jpeg mapped with AUTOTUNE,
     # batch, prefetch. Labels listed from the class folders like image_dataset_from_directory.
     def decode(p, label):
         return tf.io.decode_jpeg(tf.io.read_file(p), channels=3), label
 
     paths, labels = jpeg_files(path)
-    return (tf.data.Dataset.from_tensor_slices((paths, labels)).map(decode, num_parallel_calls=auto)
-            .batch(BATCH).prefetch(auto))
+    return (
+        tf.data.Dataset.from_tensor_slices((paths, labels))
+        .map(decode, num_parallel_calls=auto)
+        .batch(BATCH)
+        .prefetch(auto)
+    )
 
 
 @contextmanager
@@ -624,7 +700,7 @@ def h5py_loop_epochs(ds: Dataset, path: str, n: int) -> Iterator[EpochFn]:
             perm = np.random.default_rng((SEED, e)).permutation(n)
             labels = label_ds[:]
             for lo in range(0, n, BATCH):
-                ids = perm[lo:lo + BATCH]
+                ids = perm[lo : lo + BATCH]
                 yield np.stack([images[i] for i in ids]), labels[ids]
 
         yield checked_epoch(ds, n, batches)
@@ -650,9 +726,18 @@ PEERS = (
 TF_DATA = ("tf.data", "map AUTOTUNE + prefetch", tf_epochs, {})
 HDF5_REFERENCES = (  # the noise floor, and workers that keep every batch (no batch made in the consumer)
     ("steadyfeed", "w0 again", steadyfeed_epochs, dict(workers=0, mode="thread")),
-    ("steadyfeed", "thread w2 all in workers", steadyfeed_epochs, dict(workers=2, mode="thread", inline_when_faster=False)),
-    ("steadyfeed", "process w2 all in workers", steadyfeed_epochs,
-     dict(workers=2, mode="process", inline_when_faster=False)),
+    (
+        "steadyfeed",
+        "thread w2 all in workers",
+        steadyfeed_epochs,
+        dict(workers=2, mode="thread", inline_when_faster=False),
+    ),
+    (
+        "steadyfeed",
+        "process w2 all in workers",
+        steadyfeed_epochs,
+        dict(workers=2, mode="process", inline_when_faster=False),
+    ),
 )
 
 CACHED = (  # JPEG only: ImageFolder through a fresh MemoryCache; the warm-up epoch fills it and is reported
@@ -662,19 +747,43 @@ CACHED = (  # JPEG only: ImageFolder through a fresh MemoryCache; the warm-up ep
 
 
 RECORDS = (
-    ("steadyfeed", "TFRecordSource GZIP + decode_image w0", steadyfeed_records_epochs,
-     dict(fmt="tfrecord", workers=0, mode="thread")),
-    ("steadyfeed", "TFRecordSource GZIP + decode_image thread w2", steadyfeed_records_epochs,
-     dict(fmt="tfrecord", workers=2, mode="thread")),
-    ("steadyfeed", "TFRecordSource GZIP + decode_image process w2", steadyfeed_records_epochs,
-     dict(fmt="tfrecord", workers=2, mode="process")),
+    (
+        "steadyfeed",
+        "TFRecordSource GZIP + decode_image w0",
+        steadyfeed_records_epochs,
+        dict(fmt="tfrecord", workers=0, mode="thread"),
+    ),
+    (
+        "steadyfeed",
+        "TFRecordSource GZIP + decode_image thread w2",
+        steadyfeed_records_epochs,
+        dict(fmt="tfrecord", workers=2, mode="thread"),
+    ),
+    (
+        "steadyfeed",
+        "TFRecordSource GZIP + decode_image process w2",
+        steadyfeed_records_epochs,
+        dict(fmt="tfrecord", workers=2, mode="process"),
+    ),
     ("tf.data", "TFRecordDataset GZIP + decode_jpeg AUTOTUNE", tf_records_epochs, {}),
-    ("steadyfeed", "ParquetSource + decode_image w0", steadyfeed_records_epochs,
-     dict(fmt="parquet", workers=0, mode="thread")),
-    ("steadyfeed", "ParquetSource + decode_image thread w2", steadyfeed_records_epochs,
-     dict(fmt="parquet", workers=2, mode="thread")),
-    ("steadyfeed", "ParquetSource + decode_image process w2", steadyfeed_records_epochs,
-     dict(fmt="parquet", workers=2, mode="process")),
+    (
+        "steadyfeed",
+        "ParquetSource + decode_image w0",
+        steadyfeed_records_epochs,
+        dict(fmt="parquet", workers=0, mode="thread"),
+    ),
+    (
+        "steadyfeed",
+        "ParquetSource + decode_image thread w2",
+        steadyfeed_records_epochs,
+        dict(fmt="parquet", workers=2, mode="thread"),
+    ),
+    (
+        "steadyfeed",
+        "ParquetSource + decode_image process w2",
+        steadyfeed_records_epochs,
+        dict(fmt="parquet", workers=2, mode="process"),
+    ),
     ("pyarrow", "iter_batches + PIL", pyarrow_epochs, dict(decoder="PIL")),
     ("pyarrow", "iter_batches + decode_image (reference)", pyarrow_epochs, dict(decoder="decode_image")),
 )
@@ -689,12 +798,15 @@ def settings(key: str) -> list[tuple]:
         ours = [*STEADYFEED, *HDF5_REFERENCES]
         in_order = [(f, s + " in order", r, kw) for f, s, r, kw in ours]
         shuffled = [(f, s + " shuffled", r, {**kw, "shuffle": True}) for f, s, r, kw in ours]
-        return [*in_order, *shuffled,
-                ("h5py", "bulk read f[...][:] (reference)", h5py_bulk_epochs, {}),
-                ("h5py", "per-sample loop, shuffled (reference)", h5py_loop_epochs, {}),
-                *PEERS,
-                ("tf.data", "from_generator (h5py rows)", tf_epochs, dict(variant="generator")),
-                ("tf.data", "numpy_function slices, map AUTOTUNE", tf_epochs, dict(variant="slices"))]
+        return [
+            *in_order,
+            *shuffled,
+            ("h5py", "bulk read f[...][:] (reference)", h5py_bulk_epochs, {}),
+            ("h5py", "per-sample loop, shuffled (reference)", h5py_loop_epochs, {}),
+            *PEERS,
+            ("tf.data", "from_generator (h5py rows)", tf_epochs, dict(variant="generator")),
+            ("tf.data", "numpy_function slices, map AUTOTUNE", tf_epochs, dict(variant="slices")),
+        ]
     return [*STEADYFEED, *CACHED, *PEERS, TF_DATA]
 
 
@@ -743,50 +855,85 @@ def targets(key: str, results: list[Result]) -> list[tuple[str, bool | None]]:
     peer = max((x for x in results if x.is_peer), key=lambda x: x.rate)
     if key == "records":
         lines = []
-        for fmt, peers in (("TFRecordSource", [x for x in results if x.family == "tf.data"]),
-                           ("ParquetSource", [x for x in results if x.family == "pyarrow" and x.is_peer])):
+        for fmt, peers in (
+            ("TFRecordSource", [x for x in results if x.family == "tf.data"]),
+            ("ParquetSource", [x for x in results if x.family == "pyarrow" and x.is_peer]),
+        ):
             mine = max((x for x in ours if x.setting.startswith(fmt)), key=lambda x: x.rate)
             other = max(peers, key=lambda x: x.rate)
-            lines.append(verdict(f"records: steadyfeed best {fmt} ({mine.setting}) / {other.label}",
-                                 mine.rate / other.rate, 1.0))
+            lines.append(
+                verdict(f"records: steadyfeed best {fmt} ({mine.setting}) / {other.label}", mine.rate / other.rate, 1.0)
+            )
         return lines
     if key == "npy":
         mine = max(ours, key=lambda x: x.rate)
-        return [verdict(f"npy: steadyfeed best ({mine.setting}) / peer best ({peer.label})",
-                        mine.rate / peer.rate, 3.0)]
+        return [
+            verdict(f"npy: steadyfeed best ({mine.setting}) / peer best ({peer.label})", mine.rate / peer.rate, 3.0)
+        ]
     if key == "hdf5":
         bulk = r["h5py bulk read f[...][:] (reference)"]
         loop = r["h5py per-sample loop, shuffled (reference)"]
         in_order = max((x for x in ours if x.setting.endswith("in order")), key=lambda x: x.rate)
         shuffled = [x for x in ours if x.setting.endswith("shuffled")]
         slowest_shuffled = min(shuffled, key=lambda x: x.rate)
-        lines = [verdict(f"hdf5: steadyfeed best in order ({in_order.setting}) / h5py bulk read",
-                         in_order.rate / bulk.rate, 0.9)]
+        lines = [
+            verdict(
+                f"hdf5: steadyfeed best in order ({in_order.setting}) / h5py bulk read", in_order.rate / bulk.rate, 0.9
+            )
+        ]
         for order in ("in order", "shuffled"):
             off, again = r[f"steadyfeed w0 {order}"], r[f"steadyfeed w0 again {order}"]
-            lines.append((f"hdf5 {order}: noise, steadyfeed w0 again / w0: {again.rate / off.rate:.2f}x (reported)", None))
+            lines.append(
+                (f"hdf5 {order}: noise, steadyfeed w0 again / w0: {again.rate / off.rate:.2f}x (reported)", None)
+            )
             for mode in ("thread", "process"):
                 on = r[f"steadyfeed {mode} w2 {order}"]
-                lines.append(verdict(f"hdf5 {order}: steadyfeed {mode} w2 / workers off (w0)", on.rate / off.rate,
-                                     1.0, noise=NOISE))
-        lines.append(verdict(f"hdf5: steadyfeed slowest shuffled ({slowest_shuffled.setting}) / h5py per-sample "
-                             "loop", slowest_shuffled.rate / loop.rate, 1.0))
+                lines.append(
+                    verdict(
+                        f"hdf5 {order}: steadyfeed {mode} w2 / workers off (w0)", on.rate / off.rate, 1.0, noise=NOISE
+                    )
+                )
+        lines.append(
+            verdict(
+                f"hdf5: steadyfeed slowest shuffled ({slowest_shuffled.setting}) / h5py per-sample loop",
+                slowest_shuffled.rate / loop.rate,
+                1.0,
+            )
+        )
         return lines
     tf = r["tf.data map AUTOTUNE + prefetch"]
-    lines = [verdict("jpeg: steadyfeed ImageFolder thread w2 / tf.data decode_jpeg AUTOTUNE",
-                     r["steadyfeed thread w2"].rate / tf.rate, 1.2)]
+    lines = [
+        verdict(
+            "jpeg: steadyfeed ImageFolder thread w2 / tf.data decode_jpeg AUTOTUNE",
+            r["steadyfeed thread w2"].rate / tf.rate,
+            1.2,
+        )
+    ]
     for label in ("thread w2", "w0"):  # the target is set on thread workers; w0 is reported
         plain, cached = r[f"steadyfeed {label}"], r[f"steadyfeed MemoryCache {label}, epoch 2+ (cached)"]
         fill = r[f"steadyfeed MemoryCache {label}, epoch 1 (fills)"]
         ratio = cached.rate / plain.rate
         if label == "thread w2":
-            lines.append(verdict(f"jpeg: MemoryCache {label} epoch 2+ (cached) / ImageFolder {label} (uncached)",
-                                 ratio, CACHE_TARGET))
+            lines.append(
+                verdict(
+                    f"jpeg: MemoryCache {label} epoch 2+ (cached) / ImageFolder {label} (uncached)", ratio, CACHE_TARGET
+                )
+            )
         else:
-            lines.append((f"jpeg: MemoryCache {label} epoch 2+ (cached) / ImageFolder {label} (uncached): "
-                          f"{ratio:.2f}x (reported)", None))
-        lines.append((f"jpeg: MemoryCache {label} epoch 1 (fills) / ImageFolder {label} (uncached): "
-                      f"{fill.rate / plain.rate:.2f}x (reported)", None))
+            lines.append(
+                (
+                    f"jpeg: MemoryCache {label} epoch 2+ (cached) / ImageFolder {label} (uncached): "
+                    f"{ratio:.2f}x (reported)",
+                    None,
+                )
+            )
+        lines.append(
+            (
+                f"jpeg: MemoryCache {label} epoch 1 (fills) / ImageFolder {label} (uncached): "
+                f"{fill.rate / plain.rate:.2f}x (reported)",
+                None,
+            )
+        )
     return lines
 
 
@@ -805,12 +952,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller datasets, for a smoke run")
     parser.add_argument("--markdown", action="store_true", help="print markdown tables")
-    parser.add_argument("--epochs", type=int, default=1,
-                        help="timed epochs (rounds) per setting, HDF5 3x as many; reports the median")
-    parser.add_argument("--only", default="npy,hdf5,jpeg,records",
-                        help="comma-separated datasets: npy, hdf5, jpeg, records")
-    parser.add_argument("--data", help="directory to generate the datasets in, or reuse them from (default: a "
-                        "temporary directory, removed afterwards)")
+    parser.add_argument(
+        "--epochs", type=int, default=1, help="timed epochs (rounds) per setting, HDF5 3x as many; reports the median"
+    )
+    parser.add_argument(
+        "--only", default="npy,hdf5,jpeg,records", help="comma-separated datasets: npy, hdf5, jpeg, records"
+    )
+    parser.add_argument(
+        "--data",
+        help="directory to generate the datasets in, or reuse them from (default: a "
+        "temporary directory, removed afterwards)",
+    )
     parser.add_argument("--summary-to", help=argparse.SUPPRESS)  # a child run: write its target lines here
     args = parser.parse_args()
     keys = [k.strip() for k in args.only.split(",") if k.strip()]
@@ -870,9 +1022,11 @@ def gzip_index_cost(path: str) -> str:
         shuffled = time.perf_counter() - t0
         source.close()
     mb = os.path.getsize(gz) / 1e6
-    return (f"records: first use of the GZIP file (decompressed copy + index): {built:.2f} s for {mb:.1f} MB "
-            f"compressed, {raw / 1e6:.1f} MB decompressed ({raw / 1e6 / built:.0f} MB/s); then every record read "
-            f"in a shuffled order (CRCs checked, no decode): {len(order) / shuffled:,.0f} records/s (reported)")
+    return (
+        f"records: first use of the GZIP file (decompressed copy + index): {built:.2f} s for {mb:.1f} MB "
+        f"compressed, {raw / 1e6:.1f} MB decompressed ({raw / 1e6 / built:.0f} MB/s); then every record read "
+        f"in a shuffled order (CRCs checked, no decode): {len(order) / shuffled:,.0f} records/s (reported)"
+    )
 
 
 def run_in_child(key: str, args, data_dir: str) -> list[tuple[str, bool | None]]:
@@ -882,12 +1036,23 @@ def run_in_child(key: str, args, data_dir: str) -> list[tuple[str, bool | None]]
     ran 5x slower than in a fresh process (0.6 against 0.13 ms per batch to stack 32 images)."""
     with tempfile.TemporaryDirectory() as tmp:
         summary_path = os.path.join(tmp, "summary.json")
-        command = [sys.executable, os.path.abspath(__file__), "--only", key, "--epochs", str(args.epochs),
-                   "--data", data_dir, "--summary-to", summary_path]
+        command = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--only",
+            key,
+            "--epochs",
+            str(args.epochs),
+            "--data",
+            data_dir,
+            "--summary-to",
+            summary_path,
+        ]
         command += ["--quick"] * args.quick + ["--markdown"] * args.markdown
         subprocess.run(command, check=True)
         with open(summary_path) as f:
             return [tuple(line) for line in json.load(f)]
+
 
 if __name__ == "__main__":
     main()

@@ -26,6 +26,7 @@ a death never costs a sample (that would be the failure policy, tested elsewhere
 ``tests/test_soak.py`` runs ``soak()`` short (25 epochs of a smaller dataset). Kept to numpy,
 psutil and steadyfeed: process workers re-import this module to unpickle the source.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -139,8 +140,13 @@ def resources() -> dict:
     import psutil
 
     me = psutil.Process()
-    return {"rss": me.memory_info().rss, "fds": me.num_fds(), "threads": threading.active_count(),
-            "children": len(worker_processes()), "shm": our_shm_entries()}
+    return {
+        "rss": me.memory_info().rss,
+        "fds": me.num_fds(),
+        "threads": threading.active_count(),
+        "children": len(worker_processes()),
+        "shm": our_shm_entries(),
+    }
 
 
 COUNTS = ("fds", "threads", "children", "shm")
@@ -276,9 +282,20 @@ class SoakResult:
         return not self.problems and all(f["flat"] for f in self.flat.values())
 
 
-def soak(mode: str, *, epochs: int = 200, n: int = 2000, width: int = 64, batch_size: int = 32, workers: int = 2,
-         seed: int = 0, every: int = 4, kill_every: int = 120, rss_slack: int = 32 << 20,
-         progress=None) -> SoakResult:
+def soak(
+    mode: str,
+    *,
+    epochs: int = 200,
+    n: int = 2000,
+    width: int = 64,
+    batch_size: int = 32,
+    workers: int = 2,
+    seed: int = 0,
+    every: int = 4,
+    kill_every: int = 120,
+    rss_slack: int = 32 << 20,
+    progress=None,
+) -> SoakResult:
     """Run the soak in ``mode`` ("thread" or "process"); see the module docstring."""
     _KILLS["pending"] = 0
     with tempfile.TemporaryDirectory(prefix="steadyfeed-soak-") as tmp:
@@ -286,9 +303,20 @@ def soak(mode: str, *, epochs: int = 200, n: int = 2000, width: int = 64, batch_
         np.zeros(n, np.int8).tofile(control)
         source = ChaosSource(n, width, control)
         flags = source.flags()
-        loader = sf.Loader(source, batch_size, shuffle=True, seed=seed, transform=augment, workers=workers,
-                           mode=mode, with_ids=True, on_error="skip", retries=2, max_error_fraction=0.5,
-                           timeout=120)
+        loader = sf.Loader(
+            source,
+            batch_size,
+            shuffle=True,
+            seed=seed,
+            transform=augment,
+            workers=workers,
+            mode=mode,
+            with_ids=True,
+            on_error="skip",
+            retries=2,
+            max_error_fraction=0.5,
+            timeout=120,
+        )
         chaos = Chaos(mode, flags, seed, every, kill_every, kill_gap=loader.config.execution.effective_prefetch + 2)
         try:
             return _run(loader, chaos, mode, epochs, n, rss_slack, progress)
@@ -309,8 +337,9 @@ def _run(loader, chaos: Chaos, mode: str, epochs: int, n: int, rss_slack: int, p
         chaos.arming = epoch < epochs - 1
         ids = []
         for batch in loader.epoch(epoch):
-            if not np.array_equal(batch["y"], label_of(batch["x"])) or \
-                    not np.array_equal(batch["x"][:, 0] / batch["x"].shape[1], batch["id"]):
+            if not np.array_equal(batch["y"], label_of(batch["x"])) or not np.array_equal(
+                batch["x"][:, 0] / batch["x"].shape[1], batch["id"]
+            ):
                 problems.append(f"epoch {epoch}: a batch whose pairs are broken")
             ids.append(batch["id"])
             chaos.delivered()
@@ -333,8 +362,20 @@ def _run(loader, chaos: Chaos, mode: str, epochs: int, n: int, rss_slack: int, p
     log = chaos.log
     if sorted(log.armed) != sorted(quarantined):
         problems.append(f"samples made to raise {sorted(log.armed)} != samples quarantined {sorted(quarantined)}")
-    return SoakResult(mode, epochs, n, seconds, log.kills, len(pids), len(log.armed), len(quarantined), log.slowed,
-                      problems, series, flatness(series, rss_slack))
+    return SoakResult(
+        mode,
+        epochs,
+        n,
+        seconds,
+        log.kills,
+        len(pids),
+        len(log.armed),
+        len(quarantined),
+        log.slowed,
+        problems,
+        series,
+        flatness(series, rss_slack),
+    )
 
 
 def _check_epoch(epoch: int, ids: np.ndarray, entries: list[dict], n: int) -> list[str]:
@@ -346,8 +387,10 @@ def _check_epoch(epoch: int, ids: np.ndarray, entries: list[dict], n: int) -> li
         problems.append(f"epoch {epoch}: quarantine entries repeat a sample or name another epoch: {entries}")
     if sorted(ids.tolist()) != expected:
         counts = np.bincount(ids, minlength=n)
-        problems.append(f"epoch {epoch}: not exactly once: missing {sorted(set(expected) - set(ids.tolist()))[:10]}, "
-                        f"repeated {np.flatnonzero(counts > 1)[:10].tolist()}")
+        problems.append(
+            f"epoch {epoch}: not exactly once: missing {sorted(set(expected) - set(ids.tolist()))[:10]}, "
+            f"repeated {np.flatnonzero(counts > 1)[:10].tolist()}"
+        )
     for e in entries:
         if e["location"] != f"chaos sample {e['sample_id']} of {n}" or not e["message"] or not e["error_type"]:
             problems.append(f"epoch {epoch}: a quarantine entry that does not name its sample: {e}")
@@ -362,9 +405,14 @@ def flatness(series: dict, rss_slack: int) -> dict:
         if len(values) <= FLAT_FROM:
             continue
         after = values[FLAT_FROM:]
-        band = values[FLAT_FROM] + rss_slack if k == "rss" else max(values[:FLAT_FROM + 1])
-        out[k] = {"at_10": values[FLAT_FROM], "min": min(after), "max": max(after), "band": band,
-                  "flat": max(after) <= band}
+        band = values[FLAT_FROM] + rss_slack if k == "rss" else max(values[: FLAT_FROM + 1])
+        out[k] = {
+            "at_10": values[FLAT_FROM],
+            "min": min(after),
+            "max": max(after),
+            "band": band,
+            "flat": max(after) <= band,
+        }
     return out
 
 
@@ -372,15 +420,19 @@ def flatness(series: dict, rss_slack: int) -> dict:
 def _line(r: SoakResult) -> str:
     f = r.flat
     mib = 1 << 20
-    return (f"| {r.mode} | {r.epochs} | {r.samples:,} | {r.seconds:.0f} | {r.kills} | {r.armed} / {r.quarantined} | "
-            f"{r.slowed} | {f['rss']['at_10'] / mib:.1f} -> {f['rss']['min'] / mib:.1f}..{f['rss']['max'] / mib:.1f} | "
-            + " | ".join(f"{f[k]['at_10']} -> {f[k]['min']}..{f[k]['max']} (<= {f[k]['band']})" for k in COUNTS)
-            + f" | {'yes' if r.ok else 'NO'} |")
+    return (
+        f"| {r.mode} | {r.epochs} | {r.samples:,} | {r.seconds:.0f} | {r.kills} | {r.armed} / {r.quarantined} | "
+        f"{r.slowed} | {f['rss']['at_10'] / mib:.1f} -> {f['rss']['min'] / mib:.1f}..{f['rss']['max'] / mib:.1f} | "
+        + " | ".join(f"{f[k]['at_10']} -> {f[k]['min']}..{f[k]['max']} (<= {f[k]['band']})" for k in COUNTS)
+        + f" | {'yes' if r.ok else 'NO'} |"
+    )
 
 
-HEADER = ("| mode | epochs | samples | seconds | kills | made to raise / quarantined | slow reads | "
-          "RSS MiB (epoch 10 -> after) | fds | threads | children | /dev/shm | ok |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = (
+    "| mode | epochs | samples | seconds | kills | made to raise / quarantined | slow reads | "
+    "RSS MiB (epoch 10 -> after) | fds | threads | children | /dev/shm | ok |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def main(argv=None) -> int:
@@ -396,16 +448,33 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     results = []
     for mode in args.modes.split(","):
+
         def tick(epoch, now, log, mode=mode):
             if epoch % 10 == 0 or epoch == args.epochs - 1:
-                print(f"  {mode} epoch {epoch}: rss {now['rss'] / 2**20:.1f} MiB, fds {now['fds']}, threads "
-                      f"{now['threads']}, children {now['children']}, shm {now['shm']}; kills {log.kills}, "
-                      f"made to raise {len(log.armed)}", file=sys.stderr, flush=True)
-        results.append(soak(mode, epochs=args.epochs, n=args.samples, batch_size=args.batch_size,
-                            kill_every=args.kill_every, rss_slack=int(args.rss_slack_mib * 2**20), seed=args.seed,
-                            progress=tick))
-    print(f"`{' '.join(['.venv/bin/python', 'benchmarks/soak.py', *(argv if argv is not None else sys.argv[1:])])}`, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end\n")
+                print(
+                    f"  {mode} epoch {epoch}: rss {now['rss'] / 2**20:.1f} MiB, fds {now['fds']}, threads "
+                    f"{now['threads']}, children {now['children']}, shm {now['shm']}; kills {log.kills}, "
+                    f"made to raise {len(log.armed)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+        results.append(
+            soak(
+                mode,
+                epochs=args.epochs,
+                n=args.samples,
+                batch_size=args.batch_size,
+                kill_every=args.kill_every,
+                rss_slack=int(args.rss_slack_mib * 2**20),
+                seed=args.seed,
+                progress=tick,
+            )
+        )
+    print(
+        f"`{' '.join(['.venv/bin/python', 'benchmarks/soak.py', *(argv if argv is not None else sys.argv[1:])])}`, "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end\n"
+    )
     print(HEADER)
     for r in results:
         print(_line(r))

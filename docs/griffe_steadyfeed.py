@@ -8,6 +8,7 @@ steadyfeed's docstrings read well as Markdown without changing them.
 * a run of ``>>>`` lines becomes a ``pycon`` block (Markdown would read ``>`` as a quote);
 * a paragraph ending in ``::`` ends in ``:`` (its indented block is code in Markdown too).
 """
+
 from __future__ import annotations
 
 import ast
@@ -35,7 +36,7 @@ def markdown(text: str) -> str:
             indent = line[: len(line) - len(line.lstrip())]
             block = []
             while i < len(lines) and lines[i].strip() and lines[i].startswith(indent):
-                block.append(lines[i][len(indent):])
+                block.append(lines[i][len(indent) :])
                 i += 1
             if out and out[-1].strip():
                 out.append("")
@@ -53,8 +54,9 @@ class SteadyfeedDocstrings(griffe.Extension):
         value = getattr(node, "value", None)
         if not (isinstance(value, ast.Call) and getattr(value.func, "id", None) == "option"):
             return
-        doc = next((k.value.value for k in value.keywords if k.arg == "doc" and isinstance(k.value, ast.Constant)),
-                   None)
+        doc = next(
+            (k.value.value for k in value.keywords if k.arg == "doc" and isinstance(k.value, ast.Constant)), None
+        )
         if doc is None:  # an implicitly concatenated string is still one Constant; anything else: leave it
             return
         attr.docstring = griffe.Docstring(doc, parent=attr)

@@ -5,10 +5,9 @@ import time
 
 import psutil
 import pytest
+from helpers import child_processes
 
 from steadyfeed.execution import shm
-
-from helpers import child_processes
 
 # Keras's own PyDataset tests run once per backend in a subprocess of their own (test_keras_peer.py)
 collect_ignore = [] if os.environ.get("STEADYFEED_KERAS_PEER") else ["keras_peer"]
@@ -30,8 +29,12 @@ def _our_threads():
 
 
 def snapshot():
-    return {"children": _our_children(), "threads": _our_threads(), "segments": _our_segments(),
-            "fds": psutil.Process().num_fds()}
+    return {
+        "children": _our_children(),
+        "threads": _our_threads(),
+        "segments": _our_segments(),
+        "fds": psutil.Process().num_fds(),
+    }
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -44,11 +47,14 @@ def no_leaks():
     """After the test: no worker process, worker thread, shared-memory segment or extra fd remains."""
     before = snapshot()
     yield
-    deadline = time.monotonic() + 60  # a grace period for a loaded machine (workers run niced), left as soon as it holds
+    deadline = (
+        time.monotonic() + 60
+    )  # a grace period for a loaded machine (workers run niced), left as soon as it holds
     while True:
         after = snapshot()
-        clean = (not after["children"] and not after["threads"] and not after["segments"]
-                 and after["fds"] <= before["fds"])
+        clean = (
+            not after["children"] and not after["threads"] and not after["segments"] and after["fds"] <= before["fds"]
+        )
         if clean or time.monotonic() > deadline:
             break
         time.sleep(0.05)

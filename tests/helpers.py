@@ -1,4 +1,5 @@
 """Module-level sources and transforms for the tests (process mode pickles them by reference)."""
+
 from __future__ import annotations
 
 import hashlib

@@ -6,6 +6,7 @@ child Python process so the test process keeps its own machine.
 ``helpers``) and returns what it printed last as JSON: scripts report with
 ``print(json.dumps(...))`` and the test asserts on that.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,13 +23,17 @@ import pytest
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _namespace_problem() -> str | None:
     """Why mount namespaces cannot be used here, or None when they can."""
     if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
         return "needs Linux and unshare(1)"
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
-                           capture_output=True, text=True, timeout=30)
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if probe.returncode != 0:
         return f"mount namespaces are not permitted here (unshare -m + mount: {probe.stderr.strip()[:200]})"
     return None
@@ -53,8 +58,15 @@ def _mounts(shm_size: str | None, small_fs: tuple[str, str] | None, read_only: s
     return steps
 
 
-def run_python(code: str, *, shm_size: str | None = None, small_fs: tuple[str, str] | None = None,
-               read_only: str | None = None, nofile: int | None = None, timeout: float = 240) -> dict:
+def run_python(
+    code: str,
+    *,
+    shm_size: str | None = None,
+    small_fs: tuple[str, str] | None = None,
+    read_only: str | None = None,
+    nofile: int | None = None,
+    timeout: float = 240,
+) -> dict:
     """Run ``code`` in a child interpreter, in a mount namespace of its own when asked: a tmpfs
     of ``shm_size`` at /dev/shm, a tmpfs of ``small_fs[1]`` at ``small_fs[0]``, ``read_only``
     bind-mounted read-only; ``nofile``: its RLIMIT_NOFILE (soft and hard). Returns the JSON of
@@ -72,6 +84,7 @@ def run_python(code: str, *, shm_size: str | None = None, small_fs: tuple[str, s
 
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=limit)
     output = done.stdout.strip().splitlines()
-    assert done.returncode == 0 and output, (f"exit {done.returncode}\n--- stdout\n{done.stdout[-4000:]}\n"
-                                             f"--- stderr\n{done.stderr[-4000:]}")
+    assert done.returncode == 0 and output, (
+        f"exit {done.returncode}\n--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-4000:]}"
+    )
     return json.loads(output[-1])

@@ -1,6 +1,7 @@
 """Images made with Pillow for the diagnostics tests: natural-looking scenes (smooth noise and
 shapes) and the damaged copies a dataset ends up with (blurred, dark, blown out, flat,
 re-encoded, resized, cropped). Seeded: the same calls make the same pixels."""
+
 from __future__ import annotations
 
 import io
@@ -26,26 +27,31 @@ def scene(seed: int, size: int = 64):
 
 def blurred(image, radius: float = 2.5):
     from PIL import ImageFilter
+
     return image.filter(ImageFilter.GaussianBlur(radius))
 
 
 def dark(image):
     from PIL import ImageEnhance
+
     return ImageEnhance.Brightness(image).enhance(0.012)
 
 
 def blown_out(image):
     from PIL import ImageEnhance
+
     return ImageEnhance.Brightness(image).enhance(5.0)
 
 
 def flat(image):
     from PIL import ImageEnhance
+
     return ImageEnhance.Contrast(image).enhance(0.12)
 
 
 def reencoded(image, quality: int = 40):
     from PIL import Image
+
     buffer = io.BytesIO()
     image.save(buffer, "JPEG", quality=quality)
     return Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")
@@ -53,6 +59,7 @@ def reencoded(image, quality: int = 40):
 
 def resized(image, factor: float = 0.75):
     from PIL import Image
+
     return image.resize((int(image.width * factor), int(image.height * factor)), Image.BILINEAR)
 
 

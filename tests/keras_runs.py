@@ -6,6 +6,7 @@ time. So the first test that needs any of them starts every run the session will
 once, on two cores), and each test then waits for its own. What a run prints is its result:
 ``REPORT {json}`` for the scripts, pytest's summary for the peer tests.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -29,8 +30,21 @@ COMMANDS = {
     "calls": ("test_keras_calls", [sys.executable, str(TESTS / "keras_scripts" / "run_calls.py")]),
     "backend": ("test_keras_integration", [sys.executable, str(TESTS / "keras_scripts" / "run_backend.py")]),
     "label_noise": ("test_keras_label_noise", [sys.executable, str(TESTS / "keras_scripts" / "run_label_noise.py")]),
-    "peer": ("test_keras_peer", [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-W", "ignore",
-                                 str(TESTS / "keras_peer")]),
+    "peer": (
+        "test_keras_peer",
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "ignore",
+            str(TESTS / "keras_peer"),
+        ],
+    ),
 }
 _lock = threading.Lock()
 _pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="keras-run")
@@ -50,8 +64,9 @@ def _run(kind: str, backend: str) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(COMMANDS[kind][1], env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
     except subprocess.TimeoutExpired as expired:
-        return subprocess.CompletedProcess(expired.cmd, -1, str(expired.stdout or ""),
-                                           f"timed out after {RUN_TIMEOUT} s\n{expired.stderr or ''}")
+        return subprocess.CompletedProcess(
+            expired.cmd, -1, str(expired.stdout or ""), f"timed out after {RUN_TIMEOUT} s\n{expired.stderr or ''}"
+        )
 
 
 def start(session) -> None:
@@ -82,4 +97,4 @@ def report(request, kind: str, backend: str) -> dict:
     lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
     if done.returncode != 0 or not lines:
         pytest.fail(f"{backend}: {kind} failed (rc {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len("REPORT "):])
+    return json.loads(lines[-1][len("REPORT ") :])

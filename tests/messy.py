@@ -1,6 +1,7 @@
 """Messy data on disk, written by the real writers (Pillow, h5py, numpy, the csv module, gzip),
 as a new user's folders are: what ``test_collate.py``, ``test_cli_inspect.py`` and
 ``test_packing.py`` run the loader and the tools on."""
+
 from __future__ import annotations
 
 import csv
@@ -18,8 +19,15 @@ def pixels(i: int, size=SIZE) -> np.ndarray:
     return np.random.default_rng(i).integers(0, 256, (*size, 3), dtype=np.uint8)
 
 
-def image_tree(root: Path, *, per_class: int = 6, odd: bool = True, empty_class: bool = False,
-               notes: bool = False, empty_file: bool = False) -> Path:
+def image_tree(
+    root: Path,
+    *,
+    per_class: int = 6,
+    odd: bool = True,
+    empty_class: bool = False,
+    notes: bool = False,
+    empty_file: bool = False,
+) -> Path:
     """``root/cats``, ``root/dogs``: ``per_class`` 24x32 RGB PNGs each (written by Pillow), one
     50x70 among them (``odd``), plus on request an empty class folder ``birds/``, a stray
     ``cats/notes.txt`` and a zero-byte ``dogs/empty.png``."""
@@ -71,8 +79,16 @@ def npy_pairs(root: Path, n: int = 12) -> tuple[Path, Path]:
 def csv_file(path: Path) -> Path:
     """A CSV (the csv module) with a float, an int and a text column; two missing values (line 4:
     ``a`` empty; line 6: ``b`` empty) and one short row (line 7)."""
-    rows = [["a", "b", "name"], ["0.5", "1", "x"], ["1.5", "2", "y"], ["", "3", "z"], ["3.5", "4", "w"],
-            ["4.5", "", "v"], ["5.5", "6"], ["6.5", "7", "u"]]
+    rows = [
+        ["a", "b", "name"],
+        ["0.5", "1", "x"],
+        ["1.5", "2", "y"],
+        ["", "3", "z"],
+        ["3.5", "4", "w"],
+        ["4.5", "", "v"],
+        ["5.5", "6"],
+        ["6.5", "7", "u"],
+    ]
     with open(path, "w", newline="", encoding="utf-8") as f:
         csv.writer(f).writerows(rows)
     return path

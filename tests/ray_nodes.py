@@ -6,6 +6,7 @@ naming one of our temp dirs, plus each raylet's children (the actors and agents,
 rename themselves "ray::..."), recorded while the raylet lives because they outlive it
 as orphans. Never ``ray stop``, which would end every Ray on the machine.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,9 +32,13 @@ def free_port() -> int:
 
 def _other_ports() -> list[str]:
     # fixed defaults (dashboard agent 52365, metrics, runtime env agent) would collide between nodes
-    return [f"--object-manager-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-            f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
-            f"--metrics-export-port={free_port()}"]
+    return [
+        f"--object-manager-port={free_port()}",
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--dashboard-agent-grpc-port={free_port()}",
+        f"--runtime-env-agent-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+    ]
 
 
 class Node:
@@ -105,8 +110,13 @@ class LocalCluster:
         self.env = {**os.environ, **(env or {})}
         self.nodes: list[Node] = []
         self.address = f"127.0.0.1:{self.port}"
-        head = [f"--head", f"--port={self.port}", "--include-dashboard=false", f"--dashboard-port={free_port()}",
-                f"--ray-client-server-port={free_port()}"]
+        head = [
+            "--head",
+            f"--port={self.port}",
+            "--include-dashboard=false",
+            f"--dashboard-port={free_port()}",
+            f"--ray-client-server-port={free_port()}",
+        ]
         try:
             self._start(head, head_cpus, head_resources or {})
         except BaseException:
@@ -119,9 +129,17 @@ class LocalCluster:
     def _start(self, role: list[str], num_cpus: int, resources: dict) -> Node:
         node = Node(tempfile.mkdtemp(prefix="sfr"), resources)  # short: socket paths must fit in 107 bytes
         self.nodes.append(node)  # before starting: a start that fails half-way is stopped too
-        args = [RAY_CLI, "start", *role, f"--temp-dir={node.temp_dir}", f"--num-cpus={num_cpus}",
-                f"--resources={json.dumps(resources)}", "--disable-usage-stats",
-                f"--node-manager-port={node.raylet_port}", *_other_ports()]
+        args = [
+            RAY_CLI,
+            "start",
+            *role,
+            f"--temp-dir={node.temp_dir}",
+            f"--num-cpus={num_cpus}",
+            f"--resources={json.dumps(resources)}",
+            "--disable-usage-stats",
+            f"--node-manager-port={node.raylet_port}",
+            *_other_ports(),
+        ]
         done = subprocess.run(args, capture_output=True, text=True, timeout=START_TIMEOUT, env=self.env)
         if done.returncode != 0:
             raise RuntimeError(f"ray start failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -156,7 +174,7 @@ class LocalCluster:
                     pass
         return alive
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,12 +1,12 @@
 """ArraySource over memory maps: larger-than-memory arrays travel to workers by path, not by copy."""
+
 import pickle
 
 import numpy as np
 import pytest
+from helpers import label_of
 
 from steadyfeed import ArraySource, Loader
-
-from helpers import label_of
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,17 +1,17 @@
 """Automatic packing (issue 17, item 5): Loader(..., pack_to=DIR) packs a small-file source in
 the background during the first epoch and reads the shards from then on and in later runs,
 with bit-identical batches; a changed source gets a new pack; a half-written pack is never read."""
+
 import os
 import threading
 
 import numpy as np
 import pytest
+from helpers import epoch_digest, noisy
 
 import steadyfeed as sf
 from steadyfeed import Loader
 from steadyfeed.integration.callbacks import epoch_figures
-
-from helpers import epoch_digest, noisy
 
 pytest.importorskip("google_crc32c")
 
@@ -147,6 +147,7 @@ def test_a_sample_that_fails_to_read_abandons_the_pack_and_the_files_go_on(tmp_p
 
 def test_pack_to_with_jpeg_images_is_bit_identical(tmp_path):
     from images_made import scene
+
     for c in ("a", "b"):
         (tmp_path / "photos" / c).mkdir(parents=True)
         for j in range(10):
@@ -166,6 +167,7 @@ def test_a_source_without_a_fingerprint_is_refused():
 
 def test_shards_go_to_the_kernels_readahead_only_when_they_fit_in_memory(tmp_path, monkeypatch):
     from steadyfeed import autopack
+
     source = npy_pairs(tmp_path / "data", 20)
     with Loader(source, 8, pack_to=tmp_path / "packs") as loader:
         run_epochs(loader, 1)

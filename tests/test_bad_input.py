@@ -1,5 +1,6 @@
 """Bad samples and bad options give clear errors that name what was expected. (Samples that
 read fine but disagree in shape or dtype: ``test_collate.py``.)"""
+
 import numpy as np
 import pytest
 
@@ -22,17 +23,20 @@ def test_object_arrays_and_non_dicts_are_refused():
         list(Loader(ArraySource(x=np.zeros(3)), 1, transform=lambda s, rng: s["x"]))
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"batch_size": 0}, "batch_size"),
-    ({"mode": "fork"}, "mode must be one of"),
-    ({"last_batch": "wrap"}, "last_batch must be one of"),
-    ({"on_error": "ignore"}, "on_error must be one of"),
-    ({"shard_index": 2, "shard_count": 2}, "shard_index"),
-    ({"timeout": 1.0}, "timeout needs workers >= 1"),
-    ({"drop_last": True, "last_batch": "pad"}, "contradicts"),
-    ({"seed": -1}, "seed must be >= 0"),
-    ({"shuffle": True, "sampler": object()}, "either shuffle=True or a sampler"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"batch_size": 0}, "batch_size"),
+        ({"mode": "fork"}, "mode must be one of"),
+        ({"last_batch": "wrap"}, "last_batch must be one of"),
+        ({"on_error": "ignore"}, "on_error must be one of"),
+        ({"shard_index": 2, "shard_count": 2}, "shard_index"),
+        ({"timeout": 1.0}, "timeout needs workers >= 1"),
+        ({"drop_last": True, "last_batch": "pad"}, "contradicts"),
+        ({"seed": -1}, "seed must be >= 0"),
+        ({"shuffle": True, "sampler": object()}, "either shuffle=True or a sampler"),
+    ],
+)
 def test_bad_options_are_refused_up_front(kwargs, match):
     kwargs = {"batch_size": 2, **kwargs}
     with pytest.raises(ValueError, match=match):

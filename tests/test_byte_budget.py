@@ -6,12 +6,14 @@ of every batch that exists: submitted and not yet handed out. No timing is invol
 Loader test measures RSS with a slow consumer over batches of varying size, with a generous
 bound that buffering by count alone would break.
 """
+
 import itertools
 import time
 
 import numpy as np
 import psutil
 import pytest
+from test_memory import PeakSampler
 
 from steadyfeed import Loader
 from steadyfeed.execution.handoff import FixedHandoff
@@ -20,8 +22,6 @@ from steadyfeed.execution.scheduler import ByteBudget, EpochRun
 from steadyfeed.execution.task import BatchResult
 from steadyfeed.sampling.plan import build_plan
 from steadyfeed.stats import LoaderStats
-
-from test_memory import PeakSampler
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -51,8 +51,10 @@ class EagerPool:
         if self.submitted_before_first_result is None:
             self.submitted_before_first_result = len(self.pending)
         done, self.pending = self.pending, []
-        return [Done(BatchResult(t.task_id, t.spec.index, {"x": np.zeros(self.size_of(t.spec.index), np.uint8)},
-                                 (), {})) for t in done]
+        return [
+            Done(BatchResult(t.task_id, t.spec.index, {"x": np.zeros(self.size_of(t.spec.index), np.uint8)}, (), {}))
+            for t in done
+        ]
 
     wait = lambda self, timeout: self.drain()  # noqa: E731
 
@@ -64,12 +66,29 @@ class EagerPool:
 
 
 def run(pool, limit, n_batches=40, prefetch=16, budget=None):
-    plan = build_plan(np.arange(n_batches, dtype=np.int64), batch_size=1, shard_index=0, shard_count=1,
-                      last_batch="partial", with_draws=False)
+    plan = build_plan(
+        np.arange(n_batches, dtype=np.int64),
+        batch_size=1,
+        shard_index=0,
+        shard_count=1,
+        last_batch="partial",
+        with_draws=False,
+    )
     budget = budget if budget is not None else ByteBudget(limit)
-    epoch = EpochRun(pool, plan, epoch=0, start=0, prefetch=prefetch, retries=0, stop_on_failure=False,
-                     task_ids=itertools.count(), max_blameless_deaths=3, stats=LoaderStats(),
-                     handoff=FixedHandoff(to_workers=True), budget=budget)
+    epoch = EpochRun(
+        pool,
+        plan,
+        epoch=0,
+        start=0,
+        prefetch=prefetch,
+        retries=0,
+        stop_on_failure=False,
+        task_ids=itertools.count(),
+        max_blameless_deaths=3,
+        stats=LoaderStats(),
+        handoff=FixedHandoff(to_workers=True),
+        budget=budget,
+    )
     pool.run = epoch
     return [outcome.spec.index for outcome in epoch]
 
@@ -139,8 +158,9 @@ def test_rss_with_a_slow_consumer_stays_within_budget_plus_the_stated_constant(m
     its largest batch; counted here with RSS) take the workers' share instead. Prefetch alone
     (24 batches of up to 8 MiB) would hold far more."""
     budget, workers, largest = 24 << 20, 2, 8 << 20  # batches of two samples of up to 4 MiB
-    with Loader(GrowingImages(), 2, workers=workers, mode=mode, prefetch=24, collate="pad",
-                max_inflight_bytes=budget) as loader:
+    with Loader(
+        GrowingImages(), 2, workers=workers, mode=mode, prefetch=24, collate="pad", max_inflight_bytes=budget
+    ) as loader:
         baseline = psutil.Process().memory_info().rss
         sampler = PeakSampler()
         sampler.start()

@@ -1,4 +1,5 @@
 """MemoryCache and DiskCache: decoded once, augmented afresh every epoch, never corrupted."""
+
 import io
 import os
 import pickle
@@ -10,13 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import BigSource, epoch_digest, label_of, noisy, paired_source
 
 from steadyfeed import ArraySource, DataError, Loader, SampleError
-from steadyfeed.sources.base import fingerprint, locate
 from steadyfeed.sources import cache as cache_module
+from steadyfeed.sources.base import fingerprint, locate
 from steadyfeed.sources.cache import DiskCache, MemoryCache
-
-from helpers import BigSource, epoch_digest, label_of, noisy, paired_source
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -80,8 +80,9 @@ def shift_in_place(sample, rng):
 
 
 def digests(source, epochs=(0, 1, 2), workers=0, mode="thread", transform=noisy):
-    with Loader(source, 16, shuffle=True, seed=3, transform=transform, workers=workers, mode=mode,
-                with_ids=True) as loader:
+    with Loader(
+        source, 16, shuffle=True, seed=3, transform=transform, workers=workers, mode=mode, with_ids=True
+    ) as loader:
         return [epoch_digest(loader.epoch(e)) for e in epochs]
 
 

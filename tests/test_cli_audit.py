@@ -1,6 +1,7 @@
 """``steadyfeed audit`` passes a good loader and names each fault of the loaders in
 ``cli_specs/audit_cases.py``: a dropped sample, a duplicated one, swapped labels, pairs mixed
 by a batched read, worker-count-dependent batches, and validation samples leaked into training."""
+
 import json
 import subprocess
 import sys
@@ -8,12 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import FaultySource, paired_source
 
 from steadyfeed import ArraySource, Loader, WeightedSampler
 from steadyfeed.tools.audit import audit, expected_count, parse_settings
 from steadyfeed.tools.cli import main
-
-from helpers import FaultySource, paired_source
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -60,8 +60,17 @@ def test_good_loader_passes_every_check_at_the_default_settings(capsys, no_leaks
 def test_json_report_is_stable_and_complete(capsys, no_leaks):
     code, report = audit_json(capsys, spec("good"), *THREADS, "--epochs", "1")
     assert code == 0
-    assert set(report) == {"format", "passed", "target", "samples", "epochs", "settings", "loader", "checks",
-                           "findings"}
+    assert set(report) == {
+        "format",
+        "passed",
+        "target",
+        "samples",
+        "epochs",
+        "settings",
+        "loader",
+        "checks",
+        "findings",
+    }
     assert (report["format"], report["passed"], report["samples"]) == ("steadyfeed.audit/1", True, 96)
     once = [c for c in report["checks"] if c["name"] == "exactly_once"]
     assert [(c["setting"], c["epoch"]) for c in once] == [("workers=0", 0), ("workers=2 thread", 0)]
@@ -119,19 +128,22 @@ def test_validation_samples_in_training_are_reported_from_both_sides(capsys, no_
 
 
 # -- usage errors: one line, exit code 2 ----------------------------------------------------------------
-@pytest.mark.parametrize("argv,message", [
-    ([], "give exactly one of SPEC, --npy-pairs"),
-    (["nothing_here"], "SPEC must be FILE.py:NAME or MODULE:NAME"),
-    (["missing_file.py:make"], "SPEC file not found"),
-    (["{cases}:nothing"], "has no 'nothing'"),
-    (["{cases}:not_a_source"], "gave a int, expected a steadyfeed.Loader or a source"),
-    (["{cases}:good", "--settings", "2:fork"], "a setting is WORKERS or WORKERS:MODE"),
-    (["{cases}:good", "--check", "{cases}:threshold"], "is a float, expected a function"),
-    (["{cases}:good", "--checks", "sharp"], "unknown check(s) 'sharp'"),
-    (["{cases}:good", "--batch-size", "0"], "invalid loader options"),
-    (["{cases}:good", "--npy", "x.npy"], "give exactly one of SPEC"),
-    (["--hdf5", "d.h5"], "--hdf5 needs the datasets to read"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        ([], "give exactly one of SPEC, --npy-pairs"),
+        (["nothing_here"], "SPEC must be FILE.py:NAME or MODULE:NAME"),
+        (["missing_file.py:make"], "SPEC file not found"),
+        (["{cases}:nothing"], "has no 'nothing'"),
+        (["{cases}:not_a_source"], "gave a int, expected a steadyfeed.Loader or a source"),
+        (["{cases}:good", "--settings", "2:fork"], "a setting is WORKERS or WORKERS:MODE"),
+        (["{cases}:good", "--check", "{cases}:threshold"], "is a float, expected a function"),
+        (["{cases}:good", "--checks", "sharp"], "unknown check(s) 'sharp'"),
+        (["{cases}:good", "--batch-size", "0"], "invalid loader options"),
+        (["{cases}:good", "--npy", "x.npy"], "give exactly one of SPEC"),
+        (["--hdf5", "d.h5"], "--hdf5 needs the datasets to read"),
+    ],
+)
 def test_usage_errors_print_one_line_and_exit_2(capsys, argv, message):
     assert main(["audit", *(a.format(cases=CASES) for a in argv), "--no-progress"]) == 2
     out, err = capsys.readouterr()
@@ -141,8 +153,13 @@ def test_usage_errors_print_one_line_and_exit_2(capsys, argv, message):
 
 def test_the_installed_console_script_runs_it(tmp_path):
     script = Path(sys.executable).parent / "steadyfeed"
-    done = subprocess.run([str(script), "audit", spec("drops_one"), "--settings", "0", "--epochs", "1", "--json"],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    done = subprocess.run(
+        [str(script), "audit", spec("drops_one"), "--settings", "0", "--epochs", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert done.returncode == 1, done.stderr
     assert json.loads(done.stdout)["passed"] is False
     assert "audit" in done.stderr  # the progress bar
@@ -151,8 +168,12 @@ def test_the_installed_console_script_runs_it(tmp_path):
 def test_a_module_spec_works_like_a_file_spec(capsys, monkeypatch, no_leaks):
     monkeypatch.syspath_prepend(str(CASES.parent))
     code, report = audit_json(capsys, "audit_cases:train", *THREADS, "--batch-size", "20", "--no-shuffle")
-    assert code == 0 and report["loader"].startswith("Loader(ArraySource(x=float64[80, 4]") and "batch_size=20" in \
-        report["loader"] and "SequentialSampler" in report["loader"]  # flags override the returned Loader
+    assert (
+        code == 0
+        and report["loader"].startswith("Loader(ArraySource(x=float64[80, 4]")
+        and "batch_size=20" in report["loader"]
+        and "SequentialSampler" in report["loader"]
+    )  # flags override the returned Loader
 
 
 # -- shortcuts ------------------------------------------------------------------------------------------
@@ -186,6 +207,7 @@ def _images(tmp_path):
 def _tfrecord(tmp_path):
     pytest.importorskip("google.protobuf")
     from steadyfeed import pack
+
     pack(ArraySource(x=np.arange(40.0).reshape(20, 2), y=np.arange(20) % 3), tmp_path / "packed", 8, progress=False)
     return ["--tfrecord", str(tmp_path / "packed")]
 
@@ -204,19 +226,23 @@ def statuses(report) -> dict:
     return {(c.name, c.setting, c.epoch): c.status for c in report.checks}
 
 
-@pytest.mark.parametrize("options", [
-    dict(last_batch="drop", shard_count=3),
-    dict(last_batch="pad", shard_count=3),
-    dict(last_batch="partial", shard_count=2),
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(last_batch="drop", shard_count=3),
+        dict(last_batch="pad", shard_count=3),
+        dict(last_batch="partial", shard_count=2),
+    ],
+)
 def test_shards_and_last_batch_rules_pass_when_the_loader_keeps_them(options, no_leaks):
     with Loader(paired_source(50), 8, shuffle=True, **options) as loader:
         report = audit(loader, settings=[(0, "thread"), (2, "thread")])
     assert report.passed, report.table()
     once = [c for c in report.checks if c.name == "exactly_once"]
     cfg = loader.config
-    assert all(c.details["delivered"] == expected_count(50, 8, cfg.sharding.shard_count, cfg.read.last_batch)
-               for c in once)
+    assert all(
+        c.details["delivered"] == expected_count(50, 8, cfg.sharding.shard_count, cfg.read.last_batch) for c in once
+    )
 
 
 def test_weighted_sampler_is_checked_for_range_only():
@@ -234,8 +260,11 @@ def test_samples_skipped_under_on_error_skip_fail_the_audit(no_leaks):
     bad = {c.name: c for c in report.failed}
     assert set(bad) == {"readable", "exactly_once"}
     assert bad["readable"].details["failed"][0]["location"] == "/data/sample_00006.npy"
-    assert all(c.details["skipped"]["ids"] == [6] and c.details["missing"]["count"] == 0
-               for c in report.failed if c.name == "exactly_once")
+    assert all(
+        c.details["skipped"]["ids"] == [6] and c.details["missing"]["count"] == 0
+        for c in report.failed
+        if c.name == "exactly_once"
+    )
 
 
 def test_an_epoch_stopped_by_an_error_is_reported_not_raised():
@@ -260,8 +289,9 @@ def test_a_source_without_labels_skips_pairing():
 
 def test_report_and_findings_show_the_unreadable_sample(capsys, tmp_path, no_leaks):
     page, saved = tmp_path / "audit.html", tmp_path / "findings.json"
-    code = main(["audit", spec("unreadable"), *THREADS, "--epochs", "1", "--report", str(page),
-                 "--findings", str(saved)])
+    code = main(
+        ["audit", spec("unreadable"), *THREADS, "--epochs", "1", "--report", str(page), "--findings", str(saved)]
+    )
     assert code == 1, capsys.readouterr().out
     found = json.loads(saved.read_text())
     assert [(q["id"], q["file"]) for q in found["quarantine"]] == [(6, "/data/<six>/6.npy")]

@@ -1,5 +1,6 @@
 """``steadyfeed bench``: the command end to end on a generated spec file, and the
 bottleneck and recommendation rules on constructed measurements."""
+
 import json
 import textwrap
 
@@ -8,7 +9,15 @@ import pytest
 
 from steadyfeed import ArraySource, Loader
 from steadyfeed.tools import plots
-from steadyfeed.tools.bench import WARMUP_WHILE_DECIDING, Measurement, Setting, diagnose, gil_limited, measure, recommend
+from steadyfeed.tools.bench import (
+    WARMUP_WHILE_DECIDING,
+    Measurement,
+    Setting,
+    diagnose,
+    gil_limited,
+    measure,
+    recommend,
+)
 from steadyfeed.tools.bench_command import format_report
 from steadyfeed.tools.cli import main
 
@@ -17,7 +26,7 @@ pytestmark = pytest.mark.timeout(120)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STAGE_KEYS = {"read", "transform", "collate", "transport", "wait", "step"}
 
-SPEC_FILE = '''
+SPEC_FILE = """
     import multiprocessing
     import time
 
@@ -52,7 +61,7 @@ SPEC_FILE = '''
 
     def fails_in_processes():
         return Loader(_source(), 16, transform=fails_in_worker_processes)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +85,9 @@ def bench_json(capsys, *argv):
 
 # -- the command ---------------------------------------------------------------------------------
 def test_json_has_every_setting_with_its_measurements(spec, capsys, no_leaks):
-    code, report = bench_json(capsys, spec("fast"), "--workers", "0,1,2", "--modes", "thread,process",
-                              "--max-batches", "8")
+    code, report = bench_json(
+        capsys, spec("fast"), "--workers", "0,1,2", "--modes", "thread,process", "--max-batches", "8"
+    )
     assert code == 0
     labels = [s["label"] for s in report["settings"]]
     assert labels == ["inline", "1 thread", "1 process", "2 thread", "2 process"]  # cheapest first, inline once
@@ -99,20 +109,33 @@ def test_plot_is_a_png_drawn_on_an_agg_canvas(spec, capsys, tmp_path):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     png = tmp_path / "bench.png"
-    code, report = bench_json(capsys, spec("fast"), "--workers", "1", "--modes", "thread", "--max-batches", "4",
-                              "--plot", str(png))
+    code, report = bench_json(
+        capsys, spec("fast"), "--workers", "1", "--modes", "thread", "--max-batches", "4", "--plot", str(png)
+    )
     assert code == 0 and png.read_bytes()[:8] == PNG_SIGNATURE
     figure = plots.bench_figure(report)  # what --plot saved
     assert isinstance(figure.canvas, FigureCanvasAgg) and len(figure.axes) == 2
 
 
 def test_human_table_names_the_bottleneck_and_recommends_a_setting(spec, capsys, no_leaks):
-    code, out, err = bench(capsys, spec("fast"), "--workers", "0,1", "--modes", "thread", "--max-batches", "6",
-                           progress=True)
+    code, out, err = bench(
+        capsys, spec("fast"), "--workers", "0,1", "--modes", "thread", "--max-batches", "6", progress=True
+    )
     assert code == 0
-    for text in ("samples/s", "first batch s", "queue mean / max / prefetch", "CPU cores", "peak RSS MB",
-                 "inline", "1 thread", "transform", "transport", "read includes decoding", "runs (spread)",
-                 "bottleneck ("):
+    for text in (
+        "samples/s",
+        "first batch s",
+        "queue mean / max / prefetch",
+        "CPU cores",
+        "peak RSS MB",
+        "inline",
+        "1 thread",
+        "transform",
+        "transport",
+        "read includes decoding",
+        "runs (spread)",
+        "bottleneck (",
+    ):
         assert text in out
     assert "recommended: workers=" in out or "tie (inline, 1 thread): " in out  # which one: the machine's call
     assert "bench 1 thread" in err  # the progress bar, on stderr only
@@ -128,8 +151,9 @@ def test_a_slow_transform_is_named_producer_bound(spec, capsys, no_leaks):
 
 
 def test_a_slow_consumer_is_named_consumer_bound_with_a_full_queue(spec, capsys, no_leaks):
-    code, report = bench_json(capsys, spec("fast"), "--workers", "2", "--modes", "thread", "--max-batches", "15",
-                              "--consumer-ms", "20")
+    code, report = bench_json(
+        capsys, spec("fast"), "--workers", "2", "--modes", "thread", "--max-batches", "15", "--consumer-ms", "20"
+    )
     assert code == 0
     setting = report["settings"][0]
     assert report["bottleneck"]["kind"] == "consumer"
@@ -141,8 +165,9 @@ def test_a_slow_consumer_is_named_consumer_bound_with_a_full_queue(spec, capsys,
 
 
 def test_a_failing_setting_is_reported_the_others_run_and_the_exit_code_is_1(spec, capsys, no_leaks):
-    code, report = bench_json(capsys, spec("fails_in_processes"), "--workers", "1", "--modes", "thread,process",
-                              "--max-batches", "4")
+    code, report = bench_json(
+        capsys, spec("fails_in_processes"), "--workers", "1", "--modes", "thread,process", "--max-batches", "4"
+    )
     assert code == 1
     threads, processes = report["settings"]
     assert threads["ok"] and threads["samples_per_second"] > 0
@@ -152,8 +177,9 @@ def test_a_failing_setting_is_reported_the_others_run_and_the_exit_code_is_1(spe
     assert "FAILED 1 process: SampleError[ValueError]: sample 0" in format_report(report)
 
 
-@pytest.mark.parametrize("argv", [["--workers", "1,x"], ["--workers", "-1"], ["--modes", "fork"],
-                                  ["--max-batches", "-3"], ["--epochs", "0"]])
+@pytest.mark.parametrize(
+    "argv", [["--workers", "1,x"], ["--workers", "-1"], ["--modes", "fork"], ["--max-batches", "-3"], ["--epochs", "0"]]
+)
 def test_bad_flags_are_usage_errors(spec, argv):
     with pytest.raises(SystemExit) as exc:
         main(["bench", spec("fast"), *argv])
@@ -170,16 +196,25 @@ def test_a_spec_that_does_not_load_or_a_plot_with_nowhere_to_go_is_a_usage_error
 # -- the rules -----------------------------------------------------------------------------------
 def measured(workers, mode, samples_per_second, *, cores=1.0, wait=0.9, fill=1.0, prefetch=4):
     """A Measurement of one second with the given throughput, CPU, consumer wait share and queue fill."""
-    m = Measurement(Setting(workers, mode), samples=int(samples_per_second), seconds=1.0, cpu_seconds=cores,
-                    prefetch=prefetch, fill_mean=fill)
+    m = Measurement(
+        Setting(workers, mode),
+        samples=int(samples_per_second),
+        seconds=1.0,
+        cpu_seconds=cores,
+        prefetch=prefetch,
+        fill_mean=fill,
+    )
     m.stage_seconds.update(read=0.1, transform=0.8, collate=0.1, wait=wait)
     m.diagnosis = diagnose(m)
     return m
 
 
 def test_threads_that_do_not_scale_on_one_core_are_named_the_gil():
-    runs = [measured(1, "thread", 1000, cores=0.9), measured(2, "thread", 1050, cores=1.0),
-            measured(2, "process", 1900, cores=2.0)]
+    runs = [
+        measured(1, "thread", 1000, cores=0.9),
+        measured(2, "thread", 1050, cores=1.0),
+        measured(2, "process", 1900, cores=2.0),
+    ]
     gil = gil_limited(runs)
     assert gil.kind == "gil" and gil.setting == Setting(2, "thread")
     assert "use mode='process' (2 process" in gil.reason
@@ -239,16 +274,23 @@ def ran(workers, mode, *runs, prefetch=4):
 
 
 def test_each_setting_runs_repeat_times_in_turns_and_the_report_shows_the_spread(spec, capsys, no_leaks):
-    from steadyfeed.tools.bench import bench as run_bench, grid
+    from steadyfeed.tools.bench import bench as run_bench
+    from steadyfeed.tools.bench import grid
 
     order = []
     loader = Loader(ArraySource(x=np.zeros((64, 2), np.float32)), 8)
-    report = run_bench(loader, grid([0, 1], ["thread"]), max_batches=3, repeat=2,
-                       on_run=lambda setting, round_: order.append((setting.label, round_)))
+    report = run_bench(
+        loader,
+        grid([0, 1], ["thread"]),
+        max_batches=3,
+        repeat=2,
+        on_run=lambda setting, round_: order.append((setting.label, round_)),
+    )
     assert order == [("inline", 0), ("1 thread", 0), ("inline", 1), ("1 thread", 1)]  # in turns
     assert all(len(m.runs) == 2 and m.slowest <= m.samples_per_second <= m.fastest for m in report.measurements)
-    code, out, _ = bench(capsys, spec("fast"), "--workers", "0,1", "--modes", "thread", "--max-batches", "3",
-                         "--repeat", "2")
+    code, out, _ = bench(
+        capsys, spec("fast"), "--workers", "0,1", "--modes", "thread", "--max-batches", "3", "--repeat", "2"
+    )
     assert code == 0 and "runs (spread)" in out and "2 run(s) per setting" in out
     code, report = bench_json(capsys, spec("fast"), "--workers", "1", "--modes", "thread", "--max-batches", "3")
     assert report["repeat"] == 3 and len(report["settings"][0]["runs"]) == 3  # the default
@@ -262,11 +304,28 @@ def test_a_setting_is_recommended_only_when_it_beats_every_other_in_every_run():
     rec = recommend(overlapping)
     assert rec.verdict == "tie" and rec.tied == [Setting(0, "thread"), Setting(2, "thread")]
     assert rec.setting == Setting(0, "thread") and "tie" in rec.reason and "cheapest is inline" in rec.reason
-    report = format_report({"source": "s", "batch_size": 8, "epochs": 1, "repeat": 3, "max_batches": 3,
-                            "warmup_batches": 2, "consumer_ms": 0, "read_includes_decode": True,
-                            "settings": [m.as_dict() for m in overlapping], "bottleneck": None,
-                            "recommendation": {"verdict": "tie", "tied": ["inline", "2 thread"], "label": "inline",
-                                               "workers": 0, "mode": "thread", "reason": rec.reason}})
+    report = format_report(
+        {
+            "source": "s",
+            "batch_size": 8,
+            "epochs": 1,
+            "repeat": 3,
+            "max_batches": 3,
+            "warmup_batches": 2,
+            "consumer_ms": 0,
+            "read_includes_decode": True,
+            "settings": [m.as_dict() for m in overlapping],
+            "bottleneck": None,
+            "recommendation": {
+                "verdict": "tie",
+                "tied": ["inline", "2 thread"],
+                "label": "inline",
+                "workers": 0,
+                "mode": "thread",
+                "reason": rec.reason,
+            },
+        }
+    )
     assert "tie (inline, 2 thread):" in report and "recommended:" not in report
 
 
@@ -284,8 +343,12 @@ def test_identical_runs_that_only_noise_tells_apart_always_get_the_same_answer()
 def test_the_plot_draws_only_settings_with_a_queue_on_one_time_axis_and_no_axis_below_zero():
     from steadyfeed.tools.bench import Report
 
-    runs = [ran(0, "thread", 500, 510), ran(1, "thread", 800, 820), ran(2, "thread", 900, 950),
-            Measurement(Setting(2, "process"), error="SampleError: sample 3 ...")]
+    runs = [
+        ran(0, "thread", 500, 510),
+        ran(1, "thread", 800, 820),
+        ran(2, "thread", 900, 950),
+        Measurement(Setting(2, "process"), error="SampleError: sample 3 ..."),
+    ]
     report = Report(runs, recommend(runs), None, {}).as_dict()
     figure = plots.bench_figure(report)
     throughput, *queues = figure.axes
@@ -307,12 +370,28 @@ def test_bad_files_are_measured_under_skip_with_max_error_fraction(tmp_path, cap
         np.save(tmp_path / "lab" / f"{i:02d}.npy", np.int64(i))
     for i in (3, 7, 11):
         (tmp_path / "in" / f"{i:02d}.npy").write_bytes(b"\x93NUMPY garbage")
-    data = ["--npy-pairs", str(tmp_path / "in"), str(tmp_path / "lab"), "--batch-size", "4", "--workers", "0,2",
-            "--modes", "thread", "--warmup", "0", "--max-batches", "0", "--repeat", "1"]
+    data = [
+        "--npy-pairs",
+        str(tmp_path / "in"),
+        str(tmp_path / "lab"),
+        "--batch-size",
+        "4",
+        "--workers",
+        "0,2",
+        "--modes",
+        "thread",
+        "--warmup",
+        "0",
+        "--max-batches",
+        "0",
+        "--repeat",
+        "1",
+    ]
     code, report = bench_json(capsys, *data)
     assert code == 1 and all(s["error"].startswith("SampleError[DataError]: sample 3") for s in report["settings"])
     code, report = bench_json(capsys, *data, "--on-error", "skip")
-    assert code == 1 and all("TooManyErrors" in s["error"] and "max_error_fraction=0.1" in s["error"]
-                             for s in report["settings"])
+    assert code == 1 and all(
+        "TooManyErrors" in s["error"] and "max_error_fraction=0.1" in s["error"] for s in report["settings"]
+    )
     code, report = bench_json(capsys, *data, "--on-error", "skip", "--max-error-fraction", "0.2")
     assert code == 0 and [(s["samples"], s["skipped"]) for s in report["settings"]] == [(17, 3), (17, 3)]

@@ -1,5 +1,6 @@
 """``steadyfeed inspect``: counts, sizes, formats, shapes, image modes, labels and unreadable
 files of a directory or file, and the samples of any loader or source."""
+
 import json
 import os
 import subprocess
@@ -49,8 +50,9 @@ def test_an_image_folder_is_counted_and_the_corrupt_file_listed(folder, capsys):
     code, report = inspect_json(capsys, str(folder))
     assert code == 1  # an unreadable file
     assert (report["kind"], report["count"]) == ("image tree", 11)
-    assert report["unreadable"] == [{"item": os.path.join("dogs", "corrupt.jpg"),
-                                     "error": report["unreadable"][0]["error"]}]
+    assert report["unreadable"] == [
+        {"item": os.path.join("dogs", "corrupt.jpg"), "error": report["unreadable"][0]["error"]}
+    ]
     assert "UnidentifiedImageError" in report["unreadable"][0]["error"]
     assert report["modes"] == {"RGB": 9, "L": 1}
     assert report["formats"] == {"PNG": 6, "JPEG": 4}
@@ -82,8 +84,12 @@ def test_decode_finds_truncated_files_and_checks_find_blank_images(folder, capsy
     assert code == 1 and [u["item"] for u in report["unreadable"]] == [os.path.join("cats", "cut.png")]
     code, report = inspect_json(capsys, str(folder), "--checks", "not_constant", "--workers", "2")
     assert code == 1 and report["problem_count"] == 1
-    assert report["problems"][0] | {"detail": ""} == {"sample_id": os.path.join("cats", "blank.png"), "key": "image",
-                                                      "check": "not_constant", "detail": ""}
+    assert report["problems"][0] | {"detail": ""} == {
+        "sample_id": os.path.join("cats", "blank.png"),
+        "key": "image",
+        "check": "not_constant",
+        "detail": "",
+    }
 
 
 def test_threads_give_the_same_report(folder):
@@ -128,8 +134,9 @@ def test_a_source_shortcut_lists_unreadable_samples_labels_and_quality(tmp_path,
         np.save(tmp_path / "in" / f"{i}.npy", x)
         np.save(tmp_path / "lab" / f"{i}.npy", np.int64(i % 3))
     (tmp_path / "in" / "4.npy").write_bytes(b"garbage")
-    code, report = inspect_json(capsys, "--npy-pairs", str(tmp_path / "in"), str(tmp_path / "lab"),
-                                "--checks", "finite", "--workers", "2")
+    code, report = inspect_json(
+        capsys, "--npy-pairs", str(tmp_path / "in"), str(tmp_path / "lab"), "--checks", "finite", "--workers", "2"
+    )
     assert code == 1
     assert report["target"] == f"--npy-pairs {tmp_path / 'in'} {tmp_path / 'lab'}"
     (bad,) = report["unreadable"]
@@ -138,11 +145,14 @@ def test_a_source_shortcut_lists_unreadable_samples_labels_and_quality(tmp_path,
     assert [(p["sample_id"], p["check"]) for p in report["problems"]] == [(2, "finite")]
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["no/such/dir"], "no/such/dir: no such file or directory"),
-    (["{cases}:missing"], "has no 'missing'"),
-    ([".", "--checks", "shiny"], "unknown check(s) 'shiny'"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["no/such/dir"], "no/such/dir: no such file or directory"),
+        (["{cases}:missing"], "has no 'missing'"),
+        ([".", "--checks", "shiny"], "unknown check(s) 'shiny'"),
+    ],
+)
 def test_usage_errors_exit_2(capsys, argv, message):
     assert main(["inspect", *(a.format(cases=CASES) for a in argv)]) == 2
     err = capsys.readouterr().err
@@ -225,8 +235,11 @@ def test_hdf5_variable_length_strings_are_refused_under_stack_and_shown_in_a_tab
     text = (main(["inspect", str(path), "--no-progress"]), capsys.readouterr().out)[1]
     assert "/names" in text and "vlen str (ascii)" in text and "dataset" in text
     code, report = inspect_json(capsys, "--hdf5", str(path), "--key", "x=/names", "--key", "y=/y")
-    assert code == 1 and report["refused"] and all("strings of different lengths" in r["reason"]
-                                                   for r in report["refused"])
+    assert (
+        code == 1
+        and report["refused"]
+        and all("strings of different lengths" in r["reason"] for r in report["refused"])
+    )
     assert inspect_json(capsys, "--hdf5", str(path), "--key", "x=/names", "--collate", "pad")[0] == 0
 
 
@@ -243,21 +256,29 @@ def test_a_csv_shows_rows_columns_types_and_missing_values_and_refuses_what_csvs
     summary = report["tables"]["t.csv"]
     assert summary["rows"] == 7
     assert [(c["name"], c["type"], c["missing"]) for c in summary["columns"]] == [
-        ("a", "float", 1), ("b", "int", 1), ("name", "text", 0)]
+        ("a", "float", 1),
+        ("b", "int", 1),
+        ("name", "text", 0),
+    ]
     # empty fields are missing values, NaN as a CsvSource reads them (as pandas): only the short row is refused
     assert [(r["item"], r["reason"].split(":")[0]) for r in report["refused"]] == [
-        ("t.csv:7", "expected 3 fields (as in the header), found 2")]
+        ("t.csv:7", "expected 3 fields (as in the header), found 2")
+    ]
     assert [c["note"] for c in summary["columns"]] == [
-        "", "missing values: NaN as float32, or fill= for an integer key",
-        "text: read it as class ids with --dtype KEY=class"]
+        "",
+        "missing values: NaN as float32, or fill= for an integer key",
+        "text: read it as class ids with --dtype KEY=class",
+    ]
     assert sorted(os.listdir(tmp_path)) == ["t.csv"]  # nothing written beside the data (no index cache)
 
 
 def tf_example(i: int) -> bytes:
     tf = pytest.importorskip("tensorflow", reason="tensorflow is not installed", exc_type=ImportError)
-    feature = {"x": tf.train.Feature(float_list=tf.train.FloatList(value=[i / 2] * 6)),
-               "tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=list(range(i % 4 + 1)))),
-               "name": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"n%d" % i]))}
+    feature = {
+        "x": tf.train.Feature(float_list=tf.train.FloatList(value=[i / 2] * 6)),
+        "tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=list(range(i % 4 + 1)))),
+        "name": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"n%d" % i])),
+    }
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
@@ -273,7 +294,10 @@ def test_a_tensorflow_written_tfrecord_lists_its_features_and_the_flags_that_rea
     summary = report["tables"]["train.tfrecord"]
     assert summary["records"] == 8
     assert {f["feature"]: (f["kind"], f["values"]) for f in summary["features"]} == {
-        "name": ("bytes_list", "1"), "tokens": ("int64_list", "1..4"), "x": ("float_list", "6")}
+        "name": ("bytes_list", "1"),
+        "tokens": ("int64_list", "1..4"),
+        "x": ("float_list", "6"),
+    }
     assert summary["read_with"] == "--feature name=bytes --feature tokens=int64:? --feature x=float32:6"
     flags = summary["read_with"].split()
     code, report = inspect_json(capsys, "--tfrecord", path, *flags)  # as a loader: the varying list is refused
@@ -282,7 +306,10 @@ def test_a_tensorflow_written_tfrecord_lists_its_features_and_the_flags_that_rea
     code, report = inspect_json(capsys, "--tfrecord", path)  # no --feature: the files themselves
     assert code == 0 and report["tables"]["train.tfrecord"]["records"] == 8
     assert {f["feature"]: f["inferred"] for f in summary["features"]} == {  # what TFRecordSource infers
-        "name": "bytes", "tokens": "int64 (None,)", "x": "float32 (6,)"}
+        "name": "bytes",
+        "tokens": "int64 (None,)",
+        "x": "float32 (6,)",
+    }
     with tf.io.TFRecordWriter(str(tmp_path / "z.tfrecord"), options="GZIP") as writer:
         writer.write(tf_example(0))
     code, report = inspect_json(capsys, str(tmp_path / "z.tfrecord"))

@@ -4,19 +4,20 @@
 layouts, under any on_error, quarantining nothing; ``collate="pad"`` pads each batch to its
 largest shape and adds "<key>_shape"; byte order is normalised. On messy data written by the
 real writers (``messy.py``), at workers 0, 2 threads and 2 processes."""
+
 import hashlib
 import pickle
 
+import messy
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from helpers import identity
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from steadyfeed import CollateError, Loader, SampleError
 from steadyfeed.execution.batch import SHAPE_SUFFIX
 from steadyfeed.sources.base import close_source
-
-import messy
-from helpers import identity
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,6 +28,7 @@ BATCH = 4
 # -- the cases -----------------------------------------------------------------------------------
 def images(tmp_path):
     from steadyfeed.sources.images import ImageFolder
+
     pytest.importorskip("PIL")
     return ImageFolder(messy.image_tree(tmp_path / "images"))
 
@@ -34,11 +36,13 @@ def images(tmp_path):
 def vlen(tmp_path):
     pytest.importorskip("h5py")
     from steadyfeed.sources.hdf5 import Hdf5Source
+
     return Hdf5Source(messy.vlen_hdf5(tmp_path / "names.h5"), x="/names", y="/y")
 
 
 def big_endian(tmp_path):
     from steadyfeed import NpyPairs
+
     return NpyPairs(*messy.npy_pairs(tmp_path))
 
 
@@ -48,8 +52,17 @@ CASES = {"images": images, "vlen": vlen, "big_endian": big_endian}
 def run(source, workers, mode, **options):
     """(batches delivered, the CollateError or None, the quarantine report) of one epoch."""
     batches, error = [], None
-    with Loader(source, BATCH, shuffle=True, seed=11, with_ids=True, workers=workers, mode=mode,
-                max_error_fraction=1.0, **options) as loader:
+    with Loader(
+        source,
+        BATCH,
+        shuffle=True,
+        seed=11,
+        with_ids=True,
+        workers=workers,
+        mode=mode,
+        max_error_fraction=1.0,
+        **options,
+    ) as loader:
         try:
             for batch in loader:
                 batches.append(batch)
@@ -73,10 +86,12 @@ def expected(source, i) -> dict:
 
 # -- stack ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
-@pytest.mark.parametrize("case,found", [("images", {"shape (24, 32, 3) uint8", "shape (50, 70, 3) uint8"}),
-                                        ("vlen", None)])
+@pytest.mark.parametrize(
+    "case,found", [("images", {"shape (24, 32, 3) uint8", "shape (50, 70, 3) uint8"}), ("vlen", None)]
+)
 def test_stack_raises_one_collate_error_naming_both_samples_and_quarantines_nothing(
-        tmp_path, case, found, on_error, no_leaks):
+    tmp_path, case, found, on_error, no_leaks
+):
     source = CASES[case](tmp_path)
     seen = []
     for workers, mode in SETTINGS:
@@ -136,7 +151,8 @@ def assert_padded(batch: dict, source) -> None:
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_pad_delivers_every_sample_once_with_its_true_shape_bit_identical_across_modes(
-        tmp_path, case, on_error, no_leaks):
+    tmp_path, case, on_error, no_leaks
+):
     source = CASES[case](tmp_path)
     digests = set()
     for workers, mode in SETTINGS:
@@ -161,14 +177,17 @@ def test_pad_delivers_every_sample_once_with_its_true_shape_bit_identical_across
 @pytest.mark.parametrize("on_error", ["raise", "skip"])
 def test_on_a_messy_tree_only_the_unreadable_file_is_lost(tmp_path, collate, size, on_error, no_leaks):
     from steadyfeed.sources.images import ImageFolder
+
     pytest.importorskip("PIL")
     source = ImageFolder(messy.image_tree(tmp_path / "images", notes=True, empty_file=True), size=size)
     empty = source.files.index(str(tmp_path / "images" / "dogs" / "empty.png"))
     assert not any(f.endswith(".txt") for f in source.files)  # notes.txt is no image
     for workers, mode in SETTINGS:
         if on_error == "raise":
-            with pytest.raises(SampleError) as info, \
-                    Loader(source, BATCH, shuffle=True, seed=11, workers=workers, mode=mode, collate=collate) as loader:
+            with (
+                pytest.raises(SampleError) as info,
+                Loader(source, BATCH, shuffle=True, seed=11, workers=workers, mode=mode, collate=collate) as loader,
+            ):
                 list(loader)
             assert info.value.sample_id == empty and "empty.png" in str(info.value)
             assert "empty file" in str(info.value) and "BytesIO" not in str(info.value)
@@ -235,8 +254,10 @@ ragged = st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3), st.text("ab", 
 @settings(max_examples=40, deadline=None)
 @given(ragged, st.integers(1, 4), st.sampled_from(["partial", "pad"]))
 def test_pad_keeps_every_value_and_zeroes_the_rest(rows, batch_size, last_batch):
-    samples = [{"x": np.arange(1, a * b + 1, dtype=np.int16).reshape(a, b) * (i + 1), "s": np.str_(text),
-                "y": np.int64(i)} for i, (a, b, text) in enumerate(rows)]
+    samples = [
+        {"x": np.arange(1, a * b + 1, dtype=np.int16).reshape(a, b) * (i + 1), "s": np.str_(text), "y": np.int64(i)}
+        for i, (a, b, text) in enumerate(rows)
+    ]
     with Loader(Samples(samples), batch_size, collate="pad", last_batch=last_batch, with_ids=True) as loader:
         seen = []
         for batch in loader:

@@ -1,15 +1,15 @@
 """The Loader's options: public dataclasses per concern, one spelling each, the CLI built from them."""
+
 import argparse
 import dataclasses
 
 import numpy as np
 import pytest
+from helpers import paired_source
 
 import steadyfeed as sf
 from steadyfeed.config import GROUPS, OPTION_GROUPS, LoaderConfig
 from steadyfeed.tools.spec import LOADER_FLAGS, add_spec_arguments, loader_options
-
-from helpers import paired_source
 
 
 def test_every_option_has_one_group_and_documentation():
@@ -22,9 +22,13 @@ def test_every_option_has_one_group_and_documentation():
 
 def test_flat_keywords_groups_and_a_whole_config_give_the_same_loader():
     flat = sf.Loader(paired_source(10), 4, shuffle=True, seed=3, workers=2, on_error="skip", shard_count=2)
-    grouped = sf.Loader(paired_source(10), read=sf.ReadOptions(batch_size=4, shuffle=True, seed=3),
-                        execution=sf.ExecutionOptions(workers=2), failure=sf.FailureOptions(on_error="skip"),
-                        sharding=sf.ShardOptions(shard_count=2))
+    grouped = sf.Loader(
+        paired_source(10),
+        read=sf.ReadOptions(batch_size=4, shuffle=True, seed=3),
+        execution=sf.ExecutionOptions(workers=2),
+        failure=sf.FailureOptions(on_error="skip"),
+        sharding=sf.ShardOptions(shard_count=2),
+    )
     whole = sf.Loader(paired_source(10), config=flat.config)
     assert flat.config == grouped.config == whole.config
     assert LoaderConfig.build(**flat.config.options()) == flat.config
@@ -34,17 +38,23 @@ def test_flat_keywords_groups_and_a_whole_config_give_the_same_loader():
 def test_a_config_is_a_base_that_keywords_override():
     base = LoaderConfig.build(batch_size=8, workers=2)
     loader = sf.Loader(paired_source(10), config=base, mode="process", batch_size=5)
-    assert (loader.config.read.batch_size, loader.config.execution.mode, loader.config.execution.workers) == \
-        (5, "process", 2)
+    assert (loader.config.read.batch_size, loader.config.execution.mode, loader.config.execution.workers) == (
+        5,
+        "process",
+        2,
+    )
     assert loader.replace(workers=0).config.execution == sf.ExecutionOptions(mode="process")
 
 
-@pytest.mark.parametrize("kwargs,error,match", [
-    (dict(wrokers=2), TypeError, r"'wrokers' \(did you mean 'workers'\?\)"),
-    (dict(execution=sf.ExecutionOptions(workers=2), workers=3), TypeError, "workers given both"),
-    (dict(execution=sf.FailureOptions()), TypeError, "execution must be a ExecutionOptions"),
-    (dict(timeout=1.0), ValueError, "timeout needs workers"),  # a rule across two groups
-])
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(wrokers=2), TypeError, r"'wrokers' \(did you mean 'workers'\?\)"),
+        (dict(execution=sf.ExecutionOptions(workers=2), workers=3), TypeError, "workers given both"),
+        (dict(execution=sf.FailureOptions()), TypeError, "execution must be a ExecutionOptions"),
+        (dict(timeout=1.0), ValueError, "timeout needs workers"),  # a rule across two groups
+    ],
+)
 def test_wrong_options_are_refused_naming_what_is_wrong(kwargs, error, match):
     with pytest.raises(error, match=match):
         sf.Loader(paired_source(4), 2, **kwargs)
@@ -77,10 +87,30 @@ def parse(*argv, exclude=()):
 def test_the_cli_flags_are_the_fields():
     cli_fields = [f.name for cls in GROUPS.values() for f in dataclasses.fields(cls) if f.metadata["cli"]]
     assert list(LOADER_FLAGS) == cli_fields and {"transform", "sampler"}.isdisjoint(LOADER_FLAGS)
-    args = parse("x.py:f", "--workers", "3", "--mode", "process", "--no-shuffle", "--max-error-fraction", "0.5",
-                 "--timeout", "2.5", "--last-batch", "pad", "--inline-when-faster")
-    assert loader_options(args) == {"workers": 3, "mode": "process", "shuffle": False, "max_error_fraction": 0.5,
-                                    "timeout": 2.5, "last_batch": "pad", "inline_when_faster": True}
+    args = parse(
+        "x.py:f",
+        "--workers",
+        "3",
+        "--mode",
+        "process",
+        "--no-shuffle",
+        "--max-error-fraction",
+        "0.5",
+        "--timeout",
+        "2.5",
+        "--last-batch",
+        "pad",
+        "--inline-when-faster",
+    )
+    assert loader_options(args) == {
+        "workers": 3,
+        "mode": "process",
+        "shuffle": False,
+        "max_error_fraction": 0.5,
+        "timeout": 2.5,
+        "last_batch": "pad",
+        "inline_when_faster": True,
+    }
     assert loader_options(parse("x.py:f")) == {}  # a flag not given changes nothing
     with pytest.raises(SystemExit):
         parse("x.py:f", "--mode", "fork")  # choices come from the field's Literal type

@@ -23,6 +23,7 @@ How the examples run (the conventions for ``docs/**/*.md``, and the only ones):
 Pages run two at a time. Nothing here measures time: the timeouts are only there so that
 nothing can hang.
 """
+
 from __future__ import annotations
 
 import ast
@@ -74,14 +75,15 @@ def blocks(page: Path) -> list[Block]:
         if fence and fence["lang"]:
             indent, body, j = fence["indent"], [], i + 1
             while j < len(lines) and not re.match(rf"^{re.escape(indent)}```\s*$", lines[j]):
-                body.append(lines[j][len(indent):] if lines[j].startswith(indent) else lines[j].lstrip())
+                body.append(lines[j][len(indent) :] if lines[j].startswith(indent) else lines[j].lstrip())
                 j += 1
             if j == len(lines):
                 raise AssertionError(f"{page.relative_to(ROOT)}:{i + 1}: a fence that never closes")
             previous = lines[i - 1] if i else ""
             skip = NO_RUN.match(previous)
-            found.append(Block(page, i + 1, fence["lang"], "\n".join(body) + "\n", in_setup,
-                               skip["reason"] if skip else None))
+            found.append(
+                Block(page, i + 1, fence["lang"], "\n".join(body) + "\n", in_setup, skip["reason"] if skip else None)
+            )
             i = j
         i += 1
     return found
@@ -94,10 +96,17 @@ def pages() -> list[Path]:
 def environment() -> dict[str, str]:
     env = dict(os.environ)
     bin_dir = str(Path(sys.executable).parent)
-    env.update(KERAS_BACKEND="jax", JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="", PYTHONHASHSEED="0",
-               PATH=bin_dir + os.pathsep + env.get("PATH", ""), MPLBACKEND="Agg",
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p),
-               TF_CPP_MIN_LOG_LEVEL="3", NO_MKDOCS_2_WARNING="1")
+    env.update(
+        KERAS_BACKEND="jax",
+        JAX_PLATFORMS="cpu",
+        CUDA_VISIBLE_DEVICES="",
+        PYTHONHASHSEED="0",
+        PATH=bin_dir + os.pathsep + env.get("PATH", ""),
+        MPLBACKEND="Agg",
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p),
+        TF_CPP_MIN_LOG_LEVEL="3",
+        NO_MKDOCS_2_WARNING="1",
+    )
     return env
 
 
@@ -112,11 +121,17 @@ def run_page(page: Path, tmp: Path) -> list[str]:
             continue
         script = scripts / f"line{block.line}.{'py' if block.lang == 'python' else 'sh'}"
         script.write_text(block.code, encoding="utf-8")
-        command = [sys.executable, str(script)] if block.lang == "python" else ["bash", "-euo", "pipefail",
-                                                                                  str(script)]
+        command = [sys.executable, str(script)] if block.lang == "python" else ["bash", "-euo", "pipefail", str(script)]
         try:
-            done = subprocess.run(command, cwd=work, env=environment(), stdin=subprocess.DEVNULL,
-                                  capture_output=True, text=True, timeout=BLOCK_TIMEOUT)
+            done = subprocess.run(
+                command,
+                cwd=work,
+                env=environment(),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=BLOCK_TIMEOUT,
+            )
         except subprocess.TimeoutExpired:
             return [f"{block.where()}: still running after {BLOCK_TIMEOUT} s"]
         if done.returncode != 0:
@@ -141,14 +156,19 @@ def test_every_page_is_in_the_nav_and_every_skip_says_why():
 
 def test_the_block_parser_follows_the_conventions(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("# t\n\n```python\nprint(1)\n```\n\n<!-- setup\n```python\nimport os\n```\n-->\n\n"
-                    "<!-- no-run: needs a cluster -->\n```python\nray()\n```\n\n* item\n\n    ```bash\n"
-                    "    echo hi\n    ```\n\n```text\nshown\n```\n")
+    page.write_text(
+        "# t\n\n```python\nprint(1)\n```\n\n<!-- setup\n```python\nimport os\n```\n-->\n\n"
+        "<!-- no-run: needs a cluster -->\n```python\nray()\n```\n\n* item\n\n    ```bash\n"
+        "    echo hi\n    ```\n\n```text\nshown\n```\n"
+    )
     found = blocks(page)
     assert [(b.lang, b.code, b.hidden, b.skip) for b in found] == [
-        ("python", "print(1)\n", False, None), ("python", "import os\n", True, None),
-        ("python", "ray()\n", False, "needs a cluster"), ("bash", "echo hi\n", False, None),
-        ("text", "shown\n", False, None)]
+        ("python", "print(1)\n", False, None),
+        ("python", "import os\n", True, None),
+        ("python", "ray()\n", False, "needs a cluster"),
+        ("bash", "echo hi\n", False, None),
+        ("text", "shown\n", False, None),
+    ]
 
 
 # -- the API reference covers the public names --------------------------------------------
@@ -162,10 +182,17 @@ def test_the_api_reference_documents_every_public_name():
     assert not missing, f"names of steadyfeed.__all__ without a ':::' entry in docs/api/: {missing}"
     for module in ("keras", "ray"):
         tree = ast.parse((ROOT / "src" / "steadyfeed" / f"{module}.py").read_text())
-        names = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-                     and getattr(n.targets[0], "id", None) == "__all__")
-        missing = [n for n in names if f"steadyfeed.{module}.{n}" not in documented
-                   and not (module == "ray" and n == "RayClusterLost" and "steadyfeed.RayClusterLost" in documented)]
+        names = next(
+            ast.literal_eval(n.value)
+            for n in tree.body
+            if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "__all__"
+        )
+        missing = [
+            n
+            for n in names
+            if f"steadyfeed.{module}.{n}" not in documented
+            and not (module == "ray" and n == "RayClusterLost" and "steadyfeed.RayClusterLost" in documented)
+        ]
         assert not missing, f"steadyfeed.{module} names without a ':::' entry: {missing}"
 
 
@@ -205,9 +232,26 @@ def test_the_install_tables_list_every_extra(page):
 @pytest.mark.timeout(600)
 def test_the_site_builds_in_strict_mode(tmp_path):
     """A broken link, anchor, cross-reference or ``:::`` target fails the build."""
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--clean", "-f", str(ROOT / "mkdocs.yml"),
-                           "-d", str(tmp_path / "site")], cwd=ROOT, env=environment(), stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=500)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--clean",
+            "-f",
+            str(ROOT / "mkdocs.yml"),
+            "-d",
+            str(tmp_path / "site"),
+        ],
+        cwd=ROOT,
+        env=environment(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert (tmp_path / "site" / "api" / "loader" / "index.html").read_text().count("Loader") > 10
 

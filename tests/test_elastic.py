@@ -1,15 +1,16 @@
 """Elastic resume: a mid-epoch checkpoint of N shards, merged, resumes on M shards; the rest
 of the epoch is delivered exactly once across them and later epochs are planned for M."""
+
 import json
 from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from helpers import epoch_digest, noisy, paired_source
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from steadyfeed import Loader, WeightedSampler, merge_states
-
-from helpers import epoch_digest, noisy, paired_source
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -20,8 +21,17 @@ def real_ids(batches):
 
 
 def make(n, batch_size, shard, count, policy, seed=0, **kw):
-    return Loader(paired_source(n), batch_size, shuffle=kw.pop("shuffle", "sampler" not in kw), seed=seed,
-                  shard_index=shard, shard_count=count, last_batch=policy, with_ids=True, **kw)
+    return Loader(
+        paired_source(n),
+        batch_size,
+        shuffle=kw.pop("shuffle", "sampler" not in kw),
+        seed=seed,
+        shard_index=shard,
+        shard_count=count,
+        last_batch=policy,
+        with_ids=True,
+        **kw,
+    )
 
 
 def take(loader, k):
@@ -67,11 +77,16 @@ def expected_drop(remaining, count, batch_size):
 
 
 @settings(max_examples=70, deadline=None)
-@given(n=st.integers(0, 150), batch_size=st.integers(1, 9), old=st.integers(1, 4), new=st.integers(1, 4),
-       policy=st.sampled_from(["partial", "drop", "pad"]), seed=st.integers(0, 100),
-       progress=st.lists(st.sampled_from([0.0, 0.25, 0.5, 0.9, 1.0]), min_size=1, max_size=4))
-def test_n_shards_resume_on_m_shards_delivering_the_rest_exactly_once(n, batch_size, old, new, policy, seed,
-                                                                       progress):
+@given(
+    n=st.integers(0, 150),
+    batch_size=st.integers(1, 9),
+    old=st.integers(1, 4),
+    new=st.integers(1, 4),
+    policy=st.sampled_from(["partial", "drop", "pad"]),
+    seed=st.integers(0, 100),
+    progress=st.lists(st.sampled_from([0.0, 0.25, 0.5, 0.9, 1.0]), min_size=1, max_size=4),
+)
+def test_n_shards_resume_on_m_shards_delivering_the_rest_exactly_once(n, batch_size, old, new, policy, seed, progress):
     before, states = run_shards(n, batch_size, old, policy, progress, seed)
     before = np.concatenate(before)
     merged = json.loads(json.dumps(merge_states(states)))
@@ -97,8 +112,12 @@ def test_n_shards_resume_on_m_shards_delivering_the_rest_exactly_once(n, batch_s
 
 
 @settings(max_examples=30, deadline=None)
-@given(n=st.integers(1, 120), batch_size=st.integers(1, 6), counts=st.tuples(*[st.integers(1, 4)] * 3),
-       policy=st.sampled_from(["partial", "pad"]))
+@given(
+    n=st.integers(1, 120),
+    batch_size=st.integers(1, 6),
+    counts=st.tuples(*[st.integers(1, 4)] * 3),
+    policy=st.sampled_from(["partial", "pad"]),
+)
 def test_resumes_nest_n_to_m_to_p_shards(n, batch_size, counts, policy):
     first, middle, last = counts
     seen, states = run_shards(n, batch_size, first, policy, [0.3, 0.6])

@@ -1,12 +1,12 @@
 """A failing sample's SampleError is also what the worker raised, in every mode."""
+
 import pickle
 
 import pytest
+from helpers import RaisingSource
 
 from steadyfeed import Loader, SampleError
 from steadyfeed.errors import with_original_type
-
-from helpers import RaisingSource
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,9 +33,9 @@ def test_types_that_cannot_be_combined_stay_a_plain_sample_error():
 
 
 def test_an_error_that_cannot_leave_its_worker_process_is_still_named_and_typed(no_leaks):
-    from steadyfeed.errors import RemoteError
-
     from helpers import UnpicklableError
+
+    from steadyfeed.errors import RemoteError
 
     with Loader(RaisingSource(8, 5, UnpicklableError, "held a lock"), 4, workers=1, mode="process") as loader:
         with pytest.raises(SampleError) as info:

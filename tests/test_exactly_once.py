@@ -1,13 +1,14 @@
 """Every id exactly once per epoch (or the documented drop), always paired with its label."""
+
 import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from helpers import assert_paired, paired_source
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from steadyfeed import Loader
-
-from helpers import assert_paired, paired_source
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,8 +31,16 @@ def expected_ids(n, batch_size, drop_last):
 @pytest.mark.parametrize("workers,mode", [(0, "thread"), (1, "thread"), (2, "thread"), (4, "thread")])
 def test_exactly_once_threads(n, drop_last, workers, mode, no_leaks):
     batch_size = 64
-    with Loader(paired_source(n), batch_size, shuffle=True, seed=3, workers=workers, mode=mode,
-                last_batch="drop" if drop_last else "partial", with_ids=True) as loader:
+    with Loader(
+        paired_source(n),
+        batch_size,
+        shuffle=True,
+        seed=3,
+        workers=workers,
+        mode=mode,
+        last_batch="drop" if drop_last else "partial",
+        with_ids=True,
+    ) as loader:
         for epoch in (0, 1):
             ids, batches = run_epoch_ids(loader, epoch)
             kept, num_batches = expected_ids(n, batch_size, drop_last)
@@ -40,12 +49,21 @@ def test_exactly_once_threads(n, drop_last, workers, mode, no_leaks):
             assert ids.min(initial=0) >= 0 and ids.max(initial=0) < max(n, 1)
 
 
-@pytest.mark.parametrize("n,batch_size,drop_last", [(0, 8, False), (1, 8, False), (7, 3, True), (1000, 32, False),
-                                                    (10007, 256, True)])
+@pytest.mark.parametrize(
+    "n,batch_size,drop_last", [(0, 8, False), (1, 8, False), (7, 3, True), (1000, 32, False), (10007, 256, True)]
+)
 @pytest.mark.parametrize("workers", [1, 2, 4])
 def test_exactly_once_processes(n, batch_size, drop_last, workers, no_leaks):
-    with Loader(paired_source(n), batch_size, shuffle=True, seed=5, workers=workers, mode="process",
-                last_batch="drop" if drop_last else "partial", with_ids=True) as loader:
+    with Loader(
+        paired_source(n),
+        batch_size,
+        shuffle=True,
+        seed=5,
+        workers=workers,
+        mode="process",
+        last_batch="drop" if drop_last else "partial",
+        with_ids=True,
+    ) as loader:
         ids, batches = run_epoch_ids(loader)
     kept, num_batches = expected_ids(n, batch_size, drop_last)
     assert batches == num_batches
@@ -53,11 +71,26 @@ def test_exactly_once_processes(n, batch_size, drop_last, workers, no_leaks):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(0, 300), batch_size=st.integers(1, 40), workers=st.sampled_from([0, 1, 3]),
-       drop_last=st.booleans(), shuffle=st.booleans(), seed=st.integers(0, 2**32), prefetch=st.integers(1, 5))
+@given(
+    n=st.integers(0, 300),
+    batch_size=st.integers(1, 40),
+    workers=st.sampled_from([0, 1, 3]),
+    drop_last=st.booleans(),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 2**32),
+    prefetch=st.integers(1, 5),
+)
 def test_exactly_once_property(n, batch_size, workers, drop_last, shuffle, seed, prefetch):
-    with Loader(paired_source(n), batch_size, shuffle=shuffle, seed=seed, workers=workers, prefetch=prefetch,
-                last_batch="drop" if drop_last else "partial", with_ids=True) as loader:
+    with Loader(
+        paired_source(n),
+        batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        workers=workers,
+        prefetch=prefetch,
+        last_batch="drop" if drop_last else "partial",
+        with_ids=True,
+    ) as loader:
         ids, batches = run_epoch_ids(loader)
     kept, num_batches = expected_ids(n, batch_size, drop_last)
     assert batches == num_batches

@@ -4,11 +4,14 @@ Exactly once over the remaining samples for any exclusion set, shard count, last
 worker count and mode; exclude() mid-epoch takes effect from the next epoch; resume and
 merge_states keep the exclusions; audit reports excluded ids as excluded, not missing.
 """
+
 import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from helpers import epoch_digest, noisy, paired_source
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import steadyfeed as sf
 from steadyfeed import Loader, merge_states
@@ -18,8 +21,6 @@ from steadyfeed.sampling.permutation import Permutation
 from steadyfeed.sampling.plan import LAST_BATCH_POLICIES
 from steadyfeed.sampling.samplers import ArrayOrder, WeightedSampler
 from steadyfeed.tools.audit import audit
-
-from helpers import epoch_digest, noisy, paired_source
 
 
 def delivered(loaders, epoch):
@@ -33,25 +34,47 @@ def delivered(loaders, epoch):
 
 
 def shard_loaders(n, batch_size, shard_count, last_batch, exclude, shuffle=True, **kw):
-    return [Loader(paired_source(n), batch_size, shuffle=shuffle, seed=3, with_ids=True, exclude=exclude,
-                   last_batch=last_batch, shard_index=r, shard_count=shard_count, **kw) for r in range(shard_count)]
+    return [
+        Loader(
+            paired_source(n),
+            batch_size,
+            shuffle=shuffle,
+            seed=3,
+            with_ids=True,
+            exclude=exclude,
+            last_batch=last_batch,
+            shard_index=r,
+            shard_count=shard_count,
+            **kw,
+        )
+        for r in range(shard_count)
+    ]
 
 
 @pytest.mark.timeout(600)
 @settings(max_examples=150, deadline=None)
-@given(n=st.integers(0, 90), data=st.data(), batch_size=st.integers(1, 9), shard_count=st.integers(1, 4),
-       last_batch=st.sampled_from(LAST_BATCH_POLICIES), shuffle=st.booleans(), workers=st.sampled_from([0, 2]))
-def test_exactly_once_over_the_remaining_samples_for_any_exclusion_set(n, data, batch_size, shard_count,
-                                                                        last_batch, shuffle, workers):
+@given(
+    n=st.integers(0, 90),
+    data=st.data(),
+    batch_size=st.integers(1, 9),
+    shard_count=st.integers(1, 4),
+    last_batch=st.sampled_from(LAST_BATCH_POLICIES),
+    shuffle=st.booleans(),
+    workers=st.sampled_from([0, 2]),
+)
+def test_exactly_once_over_the_remaining_samples_for_any_exclusion_set(
+    n, data, batch_size, shard_count, last_batch, shuffle, workers
+):
     """(Process workers run the same plans: test_batches_with_exclusions_are_identical_...)"""
     excluded = data.draw(st.sets(st.integers(0, max(n - 1, 0)), max_size=n)) if n else set()
-    loaders = shard_loaders(n, batch_size, shard_count, last_batch, sorted(excluded), shuffle=shuffle,
-                            workers=workers)
+    loaders = shard_loaders(n, batch_size, shard_count, last_batch, sorted(excluded), shuffle=shuffle, workers=workers)
     ids = delivered(loaders, epoch=1)
     rest = np.setdiff1d(np.arange(n), sorted(excluded))
     assert not np.isin(ids, sorted(excluded)).any()
     if last_batch == "drop":  # the documented rule on what remains: R * ((M // R) // B) * B distinct ids
-        assert len(set(ids.tolist())) == len(ids) == shard_count * ((len(rest) // shard_count) // batch_size) * batch_size
+        assert (
+            len(set(ids.tolist())) == len(ids) == shard_count * ((len(rest) // shard_count) // batch_size) * batch_size
+        )
     else:
         np.testing.assert_array_equal(np.sort(ids), rest)
     for loader in loaders:  # len(loader) is the batch count actually delivered
@@ -63,7 +86,7 @@ def test_exactly_once_over_the_remaining_samples_for_any_exclusion_set(n, data, 
 
 
 @settings(max_examples=200, deadline=None)
-@given(n=st.integers(0, 2 ** 40), key=st.integers(0, 2 ** 32), data=st.data())
+@given(n=st.integers(0, 2**40), key=st.integers(0, 2**32), data=st.data())
 def test_the_permutation_inverts_at_any_size(n, key, data):
     if n == 0:
         return
@@ -74,23 +97,24 @@ def test_the_permutation_inverts_at_any_size(n, key, data):
 
 def test_a_huge_epoch_excludes_without_listing_it():
     """10^12 samples, a thousand excluded: the order is inverted at those ids only (O(excluded))."""
-    order = sf.ShuffleSampler().order(10 ** 12, 0, 0)
-    ids = np.arange(0, 10 ** 12, 10 ** 9, dtype=np.int64)
+    order = sf.ShuffleSampler().order(10**12, 0, 0)
+    ids = np.arange(0, 10**12, 10**9, dtype=np.int64)
     rest = excluding(order, ids)
-    assert len(rest) == 10 ** 12 - len(ids)
+    assert len(rest) == 10**12 - len(ids)
     positions = np.sort(order.positions_of(ids))
-    around = np.unique(np.clip(np.concatenate([positions - 1, positions + 1]), 0, 10 ** 12 - 1))
+    around = np.unique(np.clip(np.concatenate([positions - 1, positions + 1]), 0, 10**12 - 1))
     around = around[~np.isin(around, positions)]
     mapped = rest.take(around - np.searchsorted(positions, around))  # what lies next to each excluded position
     np.testing.assert_array_equal(mapped, order.take(around))
-    assert not np.isin(rest.take(np.arange(10 ** 5)), ids).any()
+    assert not np.isin(rest.take(np.arange(10**5)), ids).any()
 
 
 def test_weighted_draws_never_return_an_excluded_id_and_keep_the_others_streams():
     weights = np.linspace(1, 2, 40)
     full = Loader(paired_source(40), 8, sampler=WeightedSampler(weights, 200), with_ids=True, transform=noisy)
-    less = Loader(paired_source(40), 8, sampler=WeightedSampler(weights, 200), with_ids=True, transform=noisy,
-                  exclude=[0, 7, 39])
+    less = Loader(
+        paired_source(40), 8, sampler=WeightedSampler(weights, 200), with_ids=True, transform=noisy, exclude=[0, 7, 39]
+    )
     a = np.concatenate([b["id"] for b in full.epoch(0)])
     rows = {}
     for batch in full.epoch(0):
@@ -117,8 +141,10 @@ def test_an_array_order_is_filtered_by_scanning_too():
 @pytest.mark.parametrize("workers,mode", [(2, "thread"), (2, "process")])
 def test_batches_with_exclusions_are_identical_for_any_workers_and_mode(workers, mode, no_leaks):
     kw = dict(shuffle=True, seed=5, transform=noisy, with_ids=True, exclude={3: "blur", 50: "dup", 199: "noise"})
-    with Loader(paired_source(200), 16, **kw) as inline, \
-            Loader(paired_source(200), 16, workers=workers, mode=mode, **kw) as pooled:
+    with (
+        Loader(paired_source(200), 16, **kw) as inline,
+        Loader(paired_source(200), 16, workers=workers, mode=mode, **kw) as pooled,
+    ):
         for epoch in range(2):
             reference = list(inline.epoch(epoch))
             got = list(pooled.epoch(epoch))
@@ -143,9 +169,12 @@ def test_exclude_mid_epoch_takes_effect_from_the_next_epoch():
     second = np.concatenate([b["id"] for b in loader])
     np.testing.assert_array_equal(np.sort(second), np.setdiff1d(np.arange(60), [1, 2, 10, 11, 12]))
     assert loader.excluded() == [
-        {"id": 1, "reason": "between epochs", "from_epoch": 0}, {"id": 2, "reason": "between epochs", "from_epoch": 0},
-        {"id": 10, "reason": "mid-epoch", "from_epoch": 1}, {"id": 11, "reason": "mid-epoch", "from_epoch": 1},
-        {"id": 12, "reason": "mid-epoch", "from_epoch": 1}]
+        {"id": 1, "reason": "between epochs", "from_epoch": 0},
+        {"id": 2, "reason": "between epochs", "from_epoch": 0},
+        {"id": 10, "reason": "mid-epoch", "from_epoch": 1},
+        {"id": 11, "reason": "mid-epoch", "from_epoch": 1},
+        {"id": 12, "reason": "mid-epoch", "from_epoch": 1},
+    ]
     assert [e["id"] for e in loader.excluded(0)] == [1, 2]
     assert loader.exclude([1], "again") == 2 and loader.excluded()[0]["reason"] == "between epochs"  # first wins
     it = iter(loader)
@@ -158,8 +187,17 @@ def test_exclude_mid_epoch_takes_effect_from_the_next_epoch():
 @pytest.mark.parametrize("k", [0, 2, 7])
 def test_resume_keeps_the_exclusions(k, no_leaks):
     def make(workers=0, mode="thread"):
-        return Loader(paired_source(120), 8, shuffle=True, seed=2, transform=noisy, with_ids=True, workers=workers,
-                      mode=mode, exclude=[5, 6])
+        return Loader(
+            paired_source(120),
+            8,
+            shuffle=True,
+            seed=2,
+            transform=noisy,
+            with_ids=True,
+            workers=workers,
+            mode=mode,
+            exclude=[5, 6],
+        )
 
     with make() as loader:
         list(loader)  # epoch 0
@@ -197,8 +235,16 @@ def test_a_loaders_own_exclusions_missing_from_a_state_start_where_exclude_would
 
 def test_merged_states_keep_the_exclusions_and_refuse_shards_that_disagree():
     def shard(r, count, exclude=(4, 9)):
-        return Loader(paired_source(100), 4, shuffle=True, seed=1, with_ids=True, shard_index=r, shard_count=count,
-                      exclude=list(exclude))
+        return Loader(
+            paired_source(100),
+            4,
+            shuffle=True,
+            seed=1,
+            with_ids=True,
+            shard_index=r,
+            shard_count=count,
+            exclude=list(exclude),
+        )
 
     old = [shard(r, 2) for r in range(2)]
     seen = []
@@ -236,14 +282,24 @@ def test_replace_carries_the_exclusions_unless_exclude_is_changed():
 
 
 def test_exclusions_read_from_findings_an_audit_report_and_a_quarantine_file(tmp_path):
-    findings = {"quality": {"checks": {"blur": {"threshold": 1.0, "flagged": [{"id": 3, "score": 0.1}]}}},
-                "duplicates": [{"a": 5, "b": 8, "distance": 2}, {"a": 9, "b": 1, "distance": 0, "split_a": "train",
-                                                                 "split_b": "val"}],
-                "label_noise": {"suspects": [{"id": 11, "given": 1, "predicted": 2, "score": 0.9}]},
-                "quarantine": [{"id": 12, "error": "ValueError: bad"}],
-                "excluded": [{"id": 13, "reason": "by hand"}]}
-    expected = {3: "quality:blur", 8: "near-duplicate of sample 5", 9: "near-duplicate of val sample 1",
-                11: "label_noise", 12: "quarantine: ValueError: bad", 13: "by hand"}
+    findings = {
+        "quality": {"checks": {"blur": {"threshold": 1.0, "flagged": [{"id": 3, "score": 0.1}]}}},
+        "duplicates": [
+            {"a": 5, "b": 8, "distance": 2},
+            {"a": 9, "b": 1, "distance": 0, "split_a": "train", "split_b": "val"},
+        ],
+        "label_noise": {"suspects": [{"id": 11, "given": 1, "predicted": 2, "score": 0.9}]},
+        "quarantine": [{"id": 12, "error": "ValueError: bad"}],
+        "excluded": [{"id": 13, "reason": "by hand"}],
+    }
+    expected = {
+        3: "quality:blur",
+        8: "near-duplicate of sample 5",
+        9: "near-duplicate of val sample 1",
+        11: "label_noise",
+        12: "quarantine: ValueError: bad",
+        13: "by hand",
+    }
     report = tmp_path / "audit.json"
     report.write_text(json.dumps({"format": "steadyfeed.audit/1", "checks": [], "findings": findings}))
     for spec in (findings, str(report)):
@@ -252,15 +308,20 @@ def test_exclusions_read_from_findings_an_audit_report_and_a_quarantine_file(tmp
     lines = tmp_path / "bad.jsonl"
     lines.write_text("\n".join(json.dumps({"sample_id": i, "error_type": "OSError"}) for i in (4, 2)) + "\n")
     loader = Loader(paired_source(20), 4, exclude=lines, with_ids=True)
-    assert loader.excluded() == [{"id": 2, "reason": "quarantine: OSError", "from_epoch": 0},
-                                 {"id": 4, "reason": "quarantine: OSError", "from_epoch": 0}]
+    assert loader.excluded() == [
+        {"id": 2, "reason": "quarantine: OSError", "from_epoch": 0},
+        {"id": 4, "reason": "quarantine: OSError", "from_epoch": 0},
+    ]
     ids = np.concatenate([b["id"] for b in loader])
     np.testing.assert_array_equal(ids, np.setdiff1d(np.arange(20), [2, 4]))
     plain = tmp_path / "ids.json"
     plain.write_text("[1, 2, 3]")
     assert read_exclusions(plain).ids.tolist() == [1, 2, 3]
-    assert Exclusions.from_state(Loader(paired_source(20), 4, exclude=plain).state_dict()["excluded"]).ids.tolist() \
-        == [1, 2, 3]
+    assert Exclusions.from_state(Loader(paired_source(20), 4, exclude=plain).state_dict()["excluded"]).ids.tolist() == [
+        1,
+        2,
+        3,
+    ]
 
 
 class FailsOn:
@@ -289,8 +350,10 @@ def test_audit_reports_excluded_ids_as_excluded_not_missing(no_leaks):
         assert c.details["excluded"] == {"count": 2, "ids": [17, 40]} and c.details["missing"]["count"] == 0
         assert "2 excluded" in c.summary
     assert "all excluded" in next(c for c in report.checks if c.name == "readable").summary
-    assert report.as_dict()["findings"]["excluded"] == [{"id": 17, "reason": "unreadable", "from_epoch": 0},
-                                                        {"id": 40, "reason": "blurry", "from_epoch": 0}]
+    assert report.as_dict()["findings"]["excluded"] == [
+        {"id": 17, "reason": "unreadable", "from_epoch": 0},
+        {"id": 40, "reason": "blurry", "from_epoch": 0},
+    ]
     unexcluded = audit(loader.replace(exclude=[40]), epochs=1, settings=((0, "thread"),))
     assert {c.name for c in unexcluded.failed} == {"readable", "exactly_once"}  # 17 read, failed: not excluded
 
@@ -306,12 +369,28 @@ def test_audit_fails_when_an_excluded_id_is_delivered(monkeypatch):
 
 def test_cli_audit_takes_exclude_as_a_file(tmp_path, capsys):
     from steadyfeed.tools.cli import main
+
     x = np.arange(40, dtype=np.float32).reshape(40, 1)
     np.save(tmp_path / "x.npy", x)
     ids = tmp_path / "ids.json"
     ids.write_text("[0, 39]")
-    code = main(["audit", "--npy", str(tmp_path / "x.npy"), "--exclude", str(ids), "--batch-size", "8", "--settings",
-                 "0", "--epochs", "1", "--json", "--no-progress"])
+    code = main(
+        [
+            "audit",
+            "--npy",
+            str(tmp_path / "x.npy"),
+            "--exclude",
+            str(ids),
+            "--batch-size",
+            "8",
+            "--settings",
+            "0",
+            "--epochs",
+            "1",
+            "--json",
+            "--no-progress",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and report["passed"]
     once = next(c for c in report["checks"] if c["name"] == "exactly_once")

@@ -3,6 +3,7 @@
 Every test here runs under a timeout and the ``no_leaks`` fixture: afterwards no worker
 process, worker thread, shared-memory segment of ours or extra file descriptor remains.
 """
+
 import gc
 import json
 import os
@@ -15,10 +16,17 @@ import threading
 import numpy as np
 import psutil
 import pytest
+from helpers import (
+    HANG_SECONDS,
+    FaultySource,
+    Unpicklable,
+    assert_paired,
+    child_processes,
+    failing_transform,
+    paired_source,
+)
 
 from steadyfeed import Loader, SampleError, SampleTimeout, TooManyErrors, WorkerDied
-
-from helpers import HANG_SECONDS, FaultySource, Unpicklable, assert_paired, child_processes, failing_transform, paired_source
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -60,8 +68,15 @@ def test_raising_source_is_quarantined_under_skip(workers, mode, marker_dir, tmp
         report = loader.quarantine_report()
     assert_exactly_once_except(ids, {0, 13, 39})
     assert [r["sample_id"] for r in report] == [0, 13, 39]
-    assert report[1] == {"sample_id": 13, "epoch": 0, "batch_index": 3, "attempts": 1, "error_type": "ValueError",
-                         "message": "corrupt sample 13", "location": "/data/sample_00013.npy"}
+    assert report[1] == {
+        "sample_id": 13,
+        "epoch": 0,
+        "batch_index": 3,
+        "attempts": 1,
+        "error_type": "ValueError",
+        "message": "corrupt sample 13",
+        "location": "/data/sample_00013.npy",
+    }
     assert [json.loads(line) for line in qpath.read_text().splitlines()] == report
 
 
@@ -70,8 +85,9 @@ def test_raising_transform_raise_and_skip(workers, mode, no_leaks):
     with Loader(paired_source(N), 4, workers=workers, mode=mode, transform=failing_transform) as loader:
         with pytest.raises(SampleError, match="sample 3 .*RuntimeError: augmentation blew up"):
             list(loader)
-    with Loader(paired_source(N), 4, workers=workers, mode=mode, transform=failing_transform, with_ids=True,
-                on_error="skip") as loader:
+    with Loader(
+        paired_source(N), 4, workers=workers, mode=mode, transform=failing_transform, with_ids=True, on_error="skip"
+    ) as loader:
         assert_exactly_once_except(delivered_ids(loader), {3, 11})
         assert [r["error_type"] for r in loader.quarantine_report()] == ["RuntimeError", "RuntimeError"]
 
@@ -159,7 +175,9 @@ def _segments_of(pids, names=None) -> list:
     """The /dev/shm entries (or ``names``) that steadyfeed named in any of these processes:
     PREFIX, then the owner token (pid in hex + 4 hex digits), then ``s`` or ``w``."""
     import re
+
     from steadyfeed.execution import shm
+
     mine = re.compile(rf"{re.escape(shm.PREFIX)}({'|'.join(f'{pid:x}' for pid in pids)})[0-9a-f]{{4}}[sw]")
     return sorted(name for name in (os.listdir("/dev/shm") if names is None else names) if mine.match(name))
 
@@ -170,9 +188,11 @@ def test_script_without_main_guard_reports_dead_workers_and_leaks_no_segment(tmp
     # Process.start() (bootstrapping RuntimeError): the status segment that child had
     # just created must not outlive it (nor make the resource tracker warn at exit).
     import steadyfeed
+
     pids = tmp_path / "pids"
     script = tmp_path / "no_guard.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import json, os, sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         with open({str(pids)!r}, "a") as f:
@@ -187,11 +207,13 @@ def test_script_without_main_guard_reports_dead_workers_and_leaks_no_segment(tmp
             pids = [int(line) for line in open({str(pids)!r})]
             now = [name for name in os.listdir("/dev/shm") if name.startswith("sf")]
             print(json.dumps({{"error": str(exc), "pids": pids, "segments": now}}))
-    """))
+    """)
+    )
     src = os.path.dirname(os.path.dirname(steadyfeed.__file__))  # the steadyfeed under test
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=env,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert "lost in a row" in report["error"]
@@ -205,6 +227,7 @@ def test_script_without_main_guard_reports_dead_workers_and_leaks_no_segment(tmp
 @pytest.mark.parametrize("error", [RuntimeError("no start"), KeyboardInterrupt()])
 def test_a_worker_that_fails_to_start_unlinks_its_status_segment(error, no_leaks):
     import multiprocessing
+
     from steadyfeed.execution import shm
     from steadyfeed.execution.workers import ProcessWorker, process_context
 
@@ -218,7 +241,9 @@ def test_a_worker_that_fails_to_start_unlinks_its_status_segment(error, no_leaks
 
     token = shm.owner_token()
     with pytest.raises(type(error)):
-        ProcessWorker(0, None, Context(), token, slots=2, sender=None, consumer_slots=shm.ConsumerSlots())  # start fails first
+        ProcessWorker(
+            0, None, Context(), token, slots=2, sender=None, consumer_slots=shm.ConsumerSlots()
+        )  # start fails first
     if os.path.isdir("/dev/shm"):
         assert [name for name in os.listdir("/dev/shm") if name.startswith(f"{shm.PREFIX}{token}")] == []
 
@@ -228,7 +253,9 @@ def test_discarding_a_slot_left_empty_by_a_killed_worker_unlinks_it(no_leaks):
     # a worker killed between creating its slot and sizing it leaves an empty segment,
     # which cannot be attached (mmap of an empty file): it must be unlinked all the same
     import _posixshmem
+
     from steadyfeed.execution import shm
+
     name = shm.slot_name(shm.owner_token(), 0, 0)
     os.close(_posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600))
     try:

@@ -1,13 +1,13 @@
 """files.py on any machine (no mount namespace): a full disk is a DiskFull naming the file and
 the bytes, and leaves no partial file; an append is whole or nothing. The real full
 filesystems are in test_hostile_disk.py."""
+
 import errno
 import os
 
 import pytest
 
-from steadyfeed import DiskFull
-from steadyfeed import files
+from steadyfeed import DiskFull, files
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -5,6 +5,7 @@ The fixtures in ``tests/formats/`` were written by the version that introduced e
 code is what a later release does with a user's files. A format this version no longer reads
 must be refused with a message that says what to do, never misread.
 """
+
 from __future__ import annotations
 
 import json
@@ -71,7 +72,9 @@ def test_a_manifest_of_another_version_is_refused_naming_both(tmp_path):
     packed = shutil.copytree(os.path.join(FORMATS, "pack-manifest-1"), tmp_path / "packed")
     manifest = json.loads((packed / "manifest.json").read_text())
     (packed / "manifest.json").write_text(json.dumps({**manifest, "version": MANIFEST_VERSION + 1}))
-    with pytest.raises(sf.DataError, match=f"version {MANIFEST_VERSION + 1}.*{MANIFEST_FORMAT}.*version {MANIFEST_VERSION}"):
+    with pytest.raises(
+        sf.DataError, match=f"version {MANIFEST_VERSION + 1}.*{MANIFEST_FORMAT}.*version {MANIFEST_VERSION}"
+    ):
         sf.TFRecordSource(str(packed))
 
 

@@ -5,18 +5,19 @@ The state machine is driven with synthetic timings (no test here depends on the
 machine's speed); the loader tests force every mix of inline and worker batches with a
 scripted handoff and compare against ``workers=0``.
 """
+
 import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from helpers import FaultySource, noisy, paired_source
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import steadyfeed.loader as loader_module
-from steadyfeed import Loader, SampleError, WorkerDied
+from steadyfeed import Loader, SampleError
 from steadyfeed.config import LoaderConfig
 from steadyfeed.execution import handoff as H
-
-from helpers import FaultySource, noisy, paired_source
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -121,15 +122,18 @@ def test_a_new_epoch_restarts_a_measurement_but_not_a_decision():
     assert h._phase == "probe"
 
 
-@pytest.mark.parametrize("kwargs,expected", [
-    (dict(workers=0), (H.FixedHandoff, False)),
-    (dict(workers=2), (H.MeasuredHandoff, True)),
-    (dict(workers=2, timeout=5.0), (H.FixedHandoff, True)),
-    (dict(workers=2, mode="process"), (H.MeasuredHandoff, True)),
-    (dict(workers=2, mode="process", inline_when_faster=True), (H.MeasuredHandoff, True)),
-    (dict(workers=2, inline_when_faster=False), (H.FixedHandoff, True)),
-    (dict(workers=2, mode="ray"), (H.FixedHandoff, True)),
-])
+@pytest.mark.parametrize(
+    "kwargs,expected",
+    [
+        (dict(workers=0), (H.FixedHandoff, False)),
+        (dict(workers=2), (H.MeasuredHandoff, True)),
+        (dict(workers=2, timeout=5.0), (H.FixedHandoff, True)),
+        (dict(workers=2, mode="process"), (H.MeasuredHandoff, True)),
+        (dict(workers=2, mode="process", inline_when_faster=True), (H.MeasuredHandoff, True)),
+        (dict(workers=2, inline_when_faster=False), (H.FixedHandoff, True)),
+        (dict(workers=2, mode="ray"), (H.FixedHandoff, True)),
+    ],
+)
 def test_which_handoff_a_configuration_gets(kwargs, expected):
     handoff = H.make_handoff(LoaderConfig.build(batch_size=4, **kwargs))
     assert (type(handoff), handoff.to_workers) == expected
@@ -145,10 +149,13 @@ def test_the_loader_says_who_makes_its_batches():
     assert 0 < decided < 100 and set(states[decided:]) <= {"inline", "workers"}  # decided once, and kept
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(workers=2, timeout=1.0, inline_when_faster=True), "cannot be interrupted"),
-    (dict(workers=2, mode="ray", inline_when_faster=True), "not Ray"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(workers=2, timeout=1.0, inline_when_faster=True), "cannot be interrupted"),
+        (dict(workers=2, mode="ray", inline_when_faster=True), "not Ray"),
+    ],
+)
 def test_contradicting_options_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         LoaderConfig.build(batch_size=4, **kwargs)
@@ -207,8 +214,17 @@ def test_any_mix_of_inline_and_worker_batches_is_bit_identical(monkeypatch, patt
 def test_long_phases_hand_batches_both_ways(monkeypatch, mode):
     expected = reference(97, shuffle=True, seed=5, transform=noisy)
     scripted(monkeypatch, [False] * 6 + [True] * 3)
-    with Loader(paired_source(97), 5, with_ids=True, workers=2, mode=mode, inline_when_faster=True,
-                shuffle=True, seed=5, transform=noisy) as loader:
+    with Loader(
+        paired_source(97),
+        5,
+        with_ids=True,
+        workers=2,
+        mode=mode,
+        inline_when_faster=True,
+        shuffle=True,
+        seed=5,
+        transform=noisy,
+    ) as loader:
         assert digests(loader) == expected
         stats = loader.stats()
     assert 0 < stats["inline_batches"] < stats["batches"]  # both ways were taken
@@ -221,8 +237,9 @@ def test_a_failing_sample_made_inline_is_reported_like_anywhere_else(monkeypatch
             list(loader)
         assert loader.stats()["inline_batches"] > 0
     assert (info.value.sample_id, info.value.batch_index, info.value.attempts) == (13, 3, 1)
-    with Loader(FaultySource(40, fail={13}, marker_dir=marker_dir), 4, workers=2, with_ids=True,
-                on_error="skip") as loader:
+    with Loader(
+        FaultySource(40, fail={13}, marker_dir=marker_dir), 4, workers=2, with_ids=True, on_error="skip"
+    ) as loader:
         ids = np.concatenate([b["id"] for b in loader])
         assert [r["sample_id"] for r in loader.quarantine_report()] == [13]
     assert sorted(ids.tolist()) == sorted(set(range(40)) - {13})

@@ -6,10 +6,10 @@ hold: a clear error (or, where the loader goes on, one warning) naming the path 
 needed; no partial or corrupt file left where a later run would trust it; every training
 sample still delivered.
 """
+
 import json
 
 import pytest
-
 from helpers import paired_source
 from hostile import run_python
 
@@ -73,7 +73,8 @@ def test_pack_on_a_filesystem_that_fills_up_names_out_dir_and_the_bytes_and_leav
 
     whole = sf.pack(paired_source(64, WIDE), tmp_path / "reference", shard_size=16, progress=False)
     size = sum(p.stat().st_size for p in whole.iterdir())
-    out = child(f"""
+    out = child(
+        f"""
         try:
             sf.pack(paired_source(64, {WIDE}), os.path.join({small!r}, "packed"), shard_size=16, progress=False)
             out = {{"error": None}}
@@ -82,7 +83,9 @@ def test_pack_on_a_filesystem_that_fills_up_names_out_dir_and_the_bytes_and_leav
                    "is_oserror": isinstance(exc, OSError) and exc.errno == 28}}
         out["left"] = files_under({small!r}) + os.listdir({small!r})
         print(json.dumps(out))
-    """, small_fs=(small, "1m"))
+    """,
+        small_fs=(small, "1m"),
+    )
     assert out["error"] is not None, "the pack fit: the test is not testing a full disk"
     assert out["path"].endswith("small/packed") and "packed for the pack" in out["error"]
     assert 0.8 * size <= out["needed"] <= 1.5 * size, (out["needed"], size)  # an estimate, close to the truth
@@ -91,7 +94,8 @@ def test_pack_on_a_filesystem_that_fills_up_names_out_dir_and_the_bytes_and_leav
 
 
 def test_disk_cache_on_a_full_disk_serves_every_sample_and_leaves_only_whole_files(small):
-    out = child(f"""
+    out = child(
+        f"""
         def run():
             cache = sf.DiskCache(paired_source(64, {WIDE}), os.path.join({small!r}, "cache"), key="v1")
             with sf.Loader(cache, 8, shuffle=True, workers=2, with_ids=True) as loader:
@@ -105,7 +109,9 @@ def test_disk_cache_on_a_full_disk_serves_every_sample_and_leaves_only_whole_fil
         print(json.dumps({{"once": ids == list(range(64)), "stats": stats, "warnings": said,
                           "again": ids_again == list(range(64)), "again_stats": again.stats(),
                           "files": files_under({small!r})}}))
-    """, small_fs=(small, "1m"))
+    """,
+        small_fs=(small, "1m"),
+    )
     assert out["once"] and out["again"]  # training data never lost
     assert out["stats"]["write_errors"] > 0 and out["stats"]["misses"] == 64
     assert len(out["warnings"]) == 1, out["warnings"]
@@ -117,7 +123,8 @@ def test_disk_cache_on_a_full_disk_serves_every_sample_and_leaves_only_whole_fil
 def test_index_caches_on_a_full_disk_warn_and_leave_no_partial_index(small, tmp_path):
     data = tmp_path / "data.csv"
     data.write_text("x,y\n" + "".join(f"{i},{3 * i + 1}\n" for i in range(20_000)))
-    out = child(f"""
+    out = child(
+        f"""
         cache_dir = os.path.join({small!r}, "idx")
         os.makedirs(cache_dir)
         fill({small!r})
@@ -126,7 +133,9 @@ def test_index_caches_on_a_full_disk_warn_and_leave_no_partial_index(small, tmp_
             return all(float(src[i]["y"]) == 3 * i + 1 for i in (0, 777, 19_999))
         rows_ok, said = caught_warnings(read)
         print(json.dumps({{"warnings": said, "rows_ok": rows_ok, "files": files_under({small!r})}}))
-    """, small_fs=(small, "1m"))
+    """,
+        small_fs=(small, "1m"),
+    )
     assert out["rows_ok"]
     assert len(out["warnings"]) == 1 and "could not save the index" in out["warnings"][0]
     assert "no space left on the filesystem of" in out["warnings"][0] and "bytes" in out["warnings"][0]
@@ -134,7 +143,8 @@ def test_index_caches_on_a_full_disk_warn_and_leave_no_partial_index(small, tmp_
 
 
 def test_the_quarantine_file_never_ends_in_half_a_line_and_the_report_keeps_everything(small):
-    out = child(f"""
+    out = child(
+        f"""
         from helpers import FaultySource
         path = os.path.join({small!r}, "quarantine.jsonl")
         fill({small!r}, leave=4096)  # one page left: some lines fit, then one is cut where it fills
@@ -148,7 +158,9 @@ def test_the_quarantine_file_never_ends_in_half_a_line_and_the_report_keeps_ever
         text = open(path).read()
         print(json.dumps({{"ids": ids == sorted(set(range(400)) - bad), "report": len(report), "warnings": said,
                           "text": text}}))
-    """, small_fs=(small, "1m"))
+    """,
+        small_fs=(small, "1m"),
+    )
     assert out["ids"] and out["report"] == 200  # the others delivered; every skip in the report
     assert len(out["warnings"]) == 1 and "quarantine.jsonl cannot take entry" in out["warnings"][0]
     assert "no space left on the filesystem of" in out["warnings"][0]
@@ -166,7 +178,8 @@ def test_read_only_cache_directories_fall_back_as_documented(tmp_path):
     half = sf.DiskCache(paired_source(64), cache_dir, key="v1")
     for i in range(0, 64, 2):
         half[i]  # an earlier run cached half the samples
-    out = child(f"""
+    out = child(
+        f"""
         def run(key):
             cache = sf.DiskCache(paired_source(64), {str(cache_dir)!r}, key=key)
             with sf.Loader(cache, 8, shuffle=True, workers=2, with_ids=True) as loader:
@@ -175,7 +188,9 @@ def test_read_only_cache_directories_fall_back_as_documented(tmp_path):
         (ok_new, stats_new), said_new = caught_warnings(lambda: run("v2"))  # no such subdirectory yet
         print(json.dumps({{"ok": ok, "stats": stats, "warnings": said, "ok_new": ok_new, "stats_new": stats_new,
                           "warnings_new": said_new}}))
-    """, read_only=str(cache_dir))
+    """,
+        read_only=str(cache_dir),
+    )
     assert out["ok"] and out["ok_new"]
     assert out["stats"]["hits"] == 32 and out["stats"]["misses"] == 32 and out["stats"]["write_errors"] == 32
     assert len(out["warnings"]) == 1 and "Read-only file system" in out["warnings"][0]
@@ -188,6 +203,7 @@ def test_tfrecord_index_and_decompressed_copy_on_a_full_disk(small, tmp_path):
     read through a decompressed copy that cannot be written: a DataError naming the file and
     the fix. Neither leaves a file behind."""
     import gzip
+
     import steadyfeed as sf
 
     packed = sf.pack(paired_source(50), tmp_path / "packed", shard_size=50, progress=False)
@@ -195,7 +211,8 @@ def test_tfrecord_index_and_decompressed_copy_on_a_full_disk(small, tmp_path):
     zipped = str(tmp_path / "zipped.tfrecord")
     with open(shard, "rb") as f, gzip.open(zipped, "wb") as out:
         out.write(f.read())
-    out = child(f"""
+    out = child(
+        f"""
         fill({small!r})
         def read():
             src = sf.TFRecordSource({shard!r}, cache_dir={small!r})  # features unnamed: raw bytes
@@ -207,10 +224,14 @@ def test_tfrecord_index_and_decompressed_copy_on_a_full_disk(small, tmp_path):
         except sf.DataError as exc:
             zipped_error = str(exc)
         print(json.dumps({{"ok": ok, "warnings": said, "zipped": zipped_error, "files": files_under({small!r})}}))
-    """, small_fs=(small, "1m"))
+    """,
+        small_fs=(small, "1m"),
+    )
     assert out["ok"]
     assert len(out["warnings"]) == 1 and "could not cache the record index" in out["warnings"][0]
     assert "no space left on the filesystem of" in out["warnings"][0]
     assert out["zipped"] and "zipped.tfrecord is GZIP-compressed" in out["zipped"]
-    assert "no space left on the filesystem of" in out["zipped"] and "with room for the uncompressed data" in out["zipped"]
+    assert (
+        "no space left on the filesystem of" in out["zipped"] and "with room for the uncompressed data" in out["zipped"]
+    )
     assert out["files"] == ["filler"]

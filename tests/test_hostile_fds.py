@@ -6,15 +6,15 @@ and tries again, and failing that is an error naming the file and the limit, nev
 a lost sample. The limit is set in a child interpreter (``resource.setrlimit``), so this
 process keeps its own.
 """
+
 import errno
 import os
 
 import numpy as np
 import pytest
+from hostile import run_python
 
 from steadyfeed.sources.base import LazyHandles
-
-from hostile import run_python
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -64,10 +64,10 @@ def test_a_source_over_10000_files_runs_in_every_mode_under_ulimit_64(many_files
 
 def test_tfrecords_over_many_more_files_than_the_limit_under_ulimit_64(tmp_path):
     """A real source (one handle per file): 10 times more files than descriptors."""
+    from helpers import paired_source
+
     from steadyfeed.sources.tfrecord.example import encode_example, infer_specs
     from steadyfeed.sources.tfrecord.framing import frame
-
-    from helpers import paired_source
 
     src = paired_source(TF_FILES)
     specs = infer_specs(src[0])

@@ -6,15 +6,15 @@ a 16 MiB tmpfs, with 24 MiB batches in process mode (the case that used to end i
 shortage is seen in time: under ``transport="auto"`` every batch arrives, by pipe, with one
 warning; under ``"shm"`` a SharedMemoryFull names the free and needed bytes and the fixes.
 """
+
 import warnings
 
 import numpy as np
 import pytest
-
-from steadyfeed import Loader
-
 from helpers import BigSource, epoch_digest, paired_source
 from hostile import run_python
+
+from steadyfeed import Loader
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -77,7 +77,8 @@ def test_transport_shm_raises_naming_free_and_needed_bytes_and_the_fixes():
 def test_a_full_dev_shm_refuses_process_workers_clearly():
     """Not even a worker's one-page status slot fits: a clear error at start, nothing left behind."""
     code = SCRIPT.format(transport="pipe").replace(
-        "def main():", "def main():\n        open('/dev/shm/filler', 'wb').write(bytes(16 << 20))", 1)
+        "def main():", "def main():\n        open('/dev/shm/filler', 'wb').write(bytes(16 << 20))", 1
+    )
     out = run_python(code, shm_size="16m")
     kind, message, needed, free = out["error"]
     assert kind == "SharedMemoryFull" and "status slot of process worker 0" in message and free < needed
@@ -86,8 +87,9 @@ def test_a_full_dev_shm_refuses_process_workers_clearly():
 
 
 def test_batches_that_fit_stay_in_shared_memory():
-    out = run_python(SCRIPT.format(transport="auto").replace("BigSource(12, 8 << 20)", "BigSource(12, 1 << 20)"),
-                     shm_size="16m")
+    out = run_python(
+        SCRIPT.format(transport="auto").replace("BigSource(12, 8 << 20)", "BigSource(12, 1 << 20)"), shm_size="16m"
+    )
     assert out["stats"] == {"transport": "shm", "transport_fallback": None} and out["warnings"] == []
     assert sorted(i for i, _, _ in out["rows"]) == list(range(12))
 
@@ -97,8 +99,11 @@ def test_pipe_transport_gives_the_same_batches_as_shared_memory_and_threads(no_l
     """On any machine: the pipe path is the same batches, bit for bit, and says so in stats()."""
     src = paired_source(203)
     digests, transports = {}, {}
-    for name, options in {"thread": dict(mode="thread"), "shm": dict(mode="process", transport="shm"),
-                          "pipe": dict(mode="process", transport="pipe")}.items():
+    for name, options in {
+        "thread": dict(mode="thread"),
+        "shm": dict(mode="process", transport="shm"),
+        "pipe": dict(mode="process", transport="pipe"),
+    }.items():
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # no fallback, no warning
             with Loader(src, 8, shuffle=True, seed=3, workers=2, with_ids=True, **options) as loader:
@@ -122,7 +127,8 @@ def test_ray_status_slots_on_a_full_dev_shm_are_left_out_never_a_bus_error():
     slots, as remote ones), an actor's own is None, and nothing is left behind. No cluster is
     started: the slots are made as the pool and the actors make them."""
     pytest.importorskip("ray")
-    out = run_python("""
+    out = run_python(
+        """
         import json, os, warnings
         from steadyfeed.execution import ray_pool, shm
 
@@ -146,7 +152,9 @@ def test_ray_status_slots_on_a_full_dev_shm_are_left_out_never_a_bus_error():
                     ray_pool.consumer_slot('testr2', 2)]
         print(json.dumps({"made": made, "full": [x is None for x in full], "left": sorted(os.listdir('/dev/shm')),
                           "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]}))
-    """, shm_size="1m")
+    """,
+        shm_size="1m",
+    )
     assert out["made"] == [True, True]
     assert out["full"] == [True, True, True] and out["left"] == ["filler"]
     assert len(out["warnings"]) == 1, out["warnings"]

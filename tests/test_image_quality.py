@@ -1,7 +1,9 @@
 """Image quality (issue 17, item 2): blur, exposure, contrast, thresholds from the data's own
 robust statistics, in Checked (its workers), audit (the scan's workers) and inspect."""
+
 import json
 
+import images_made as made
 import numpy as np
 import pytest
 
@@ -10,8 +12,6 @@ from steadyfeed import Checked, Loader
 from steadyfeed.diagnostics import image_quality as iq
 from steadyfeed.tools.audit import audit
 from steadyfeed.tools.cli import main
-
-import images_made as made
 
 pytest.importorskip("PIL")
 
@@ -31,7 +31,7 @@ def damaged_scenes(n=60):
 def tree(tmp_path, n=60):
     """An image tree of two classes (ids 0..29 'cats', 30..59 'dogs', ImageFolder's order)."""
     images = damaged_scenes(n)
-    made.write_tree(tmp_path / "photos", {"cats": images[: n // 2], "dogs": images[n // 2:]})
+    made.write_tree(tmp_path / "photos", {"cats": images[: n // 2], "dogs": images[n // 2 :]})
     return tmp_path / "photos"
 
 
@@ -50,6 +50,7 @@ def test_each_damage_moves_its_score_the_bad_way():
 
 def test_the_scores_match_a_plain_reference_and_batches_match_single_images():
     from scipy import ndimage
+
     images = np.stack([np.asarray(made.scene(s)) for s in range(5)])
     batch = iq.scores(images)
     for j, image in enumerate(images):
@@ -103,8 +104,9 @@ def test_audit_flags_the_damaged_images_with_a_per_class_breakdown(tmp_path, no_
 def test_given_thresholds_replace_the_robust_ones(tmp_path):
     images = np.stack([np.asarray(made.scene(s)) for s in range(20)])
     loader = Loader(sf.ArraySource(x=images, y=np.arange(20) % 2), 4)
-    report = audit(loader, epochs=1, settings=((0, "thread"),), checks=("blur", "low_contrast"),
-                   thresholds={"blur": 1.0})
+    report = audit(
+        loader, epochs=1, settings=((0, "thread"),), checks=("blur", "low_contrast"), thresholds={"blur": 1.0}
+    )
     section = report.findings["quality"]["checks"]
     assert section["blur"]["source"] == "given" and section["blur"]["threshold"] == 1.0
     assert len(section["blur"]["flagged"]) == 20  # every scene is blurrier than an absurd threshold
@@ -118,8 +120,9 @@ def test_checked_quarantines_the_damaged_images_in_its_workers(tmp_path, workers
     root = tree(tmp_path)
     checked = Checked(sf.ImageFolder(root), checks="image", calibrate=60)
     assert set(checked.thresholds) == set(iq.CHECKS)
-    with Loader(checked, 8, on_error="skip", max_error_fraction=0.5, with_ids=True, workers=workers,
-                mode=mode) as loader:
+    with Loader(
+        checked, 8, on_error="skip", max_error_fraction=0.5, with_ids=True, workers=workers, mode=mode
+    ) as loader:
         ids = np.concatenate([b["id"] for b in loader])
         quarantined = {e["sample_id"] for e in loader.quarantine_report()}
     damaged = {i for v in DAMAGE.values() for i in v}
@@ -169,6 +172,7 @@ def test_unknown_checks_and_bad_thresholds_are_usage_errors(tmp_path, capsys):
 
 def test_inspect_a_loader_judges_its_images_too():
     from steadyfeed.tools.inspection import inspect_loader
+
     images = [np.asarray(made.scene(s)) for s in range(30)]
     images[7] = np.asarray(made.dark(made.scene(7)))
     loader = Loader(sf.ArraySource(x=np.stack(images), y=np.arange(30) % 3), 8)

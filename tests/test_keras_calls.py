@@ -12,11 +12,11 @@ happened; each test asserts one promise of ``steadyfeed.keras.KerasDataset`` on 
 * ``last_batch="pad"`` gives the numbers of the real rows, and ``class_weight`` works;
 * two views of one loader are refused; a failing sample is caught as its own type.
 """
+
 from __future__ import annotations
 
-import pytest
-
 import keras_runs
+import pytest
 
 pytestmark = pytest.mark.timeout(keras_runs.WAIT_TIMEOUT + 60)
 LOSS_TOLERANCE = 1e-6
@@ -42,8 +42,9 @@ def assert_like_plain(case: dict, name: str) -> None:
         if isinstance(value, float):
             assert abs(ours[key] - value) <= LOSS_TOLERANCE, (name, key, ours[key], value)
         elif isinstance(value, list) and value and isinstance(value[0], float):
-            assert len(ours[key]) == len(value) and all(abs(a - b) <= LOSS_TOLERANCE for a, b in zip(ours[key], value)), \
-                (name, key, ours[key], value)
+            assert len(ours[key]) == len(value) and all(
+                abs(a - b) <= LOSS_TOLERANCE for a, b in zip(ours[key], value)
+            ), (name, key, ours[key], value)
         else:
             assert ours[key] == value, (name, key, ours[key], value)
 
@@ -58,14 +59,19 @@ def test_after_a_fit_cut_short_the_dataset_behaves_as_a_fresh_one(report, ending
         assert ours["ended_by"] == {"exception": "RuntimeError", "ctrl_c": "KeyboardInterrupt"}[ending.split("@")[0]]
 
 
-@pytest.mark.parametrize("case", ["steps_per_epoch_3", "steps_per_epoch_6", "validation_steps_2", "evaluate_steps",
-                                  "max_steps_per_epoch_2"])
+@pytest.mark.parametrize(
+    "case", ["steps_per_epoch_3", "steps_per_epoch_6", "validation_steps_2", "evaluate_steps", "max_steps_per_epoch_2"]
+)
 def test_step_limits_behave_as_for_a_plain_pydataset(report, case):
     limits = part(report, "step_limits")
     assert_like_plain(limits[case], case)
-    expected = {"steps_per_epoch_3": {"steps": [3, 1, 3]}, "steps_per_epoch_6": {"steps": [4, 4]},
-                "max_steps_per_epoch_2": {"steps": [2, 2]}, "validation_steps_2": {"test_steps": 6},
-                "evaluate_steps": {"predict_steps_2": 32}}[case]
+    expected = {
+        "steps_per_epoch_3": {"steps": [3, 1, 3]},
+        "steps_per_epoch_6": {"steps": [4, 4]},
+        "max_steps_per_epoch_2": {"steps": [2, 2]},
+        "validation_steps_2": {"test_steps": 6},
+        "evaluate_steps": {"predict_steps_2": 32},
+    }[case]
     assert {k: limits[case]["steadyfeed"][k] for k in expected} == expected
 
 
@@ -92,8 +98,13 @@ def test_two_views_of_one_loader_are_refused_before_training(report):
 
 def test_a_failing_sample_is_caught_as_its_own_type_with_its_fields(report):
     failed = part(report, "failing_sample")
-    assert failed["last_error"] == {"is_sample_error": True, "is_value_error": True, "sample_id": 77, "epoch": 0,
-                                    "attempts": 1}
+    assert failed["last_error"] == {
+        "is_sample_error": True,
+        "is_value_error": True,
+        "sample_id": 77,
+        "epoch": 0,
+        "attempts": 1,
+    }
     assert "sample 77" in failed["message"] and "corrupt sample 77" in failed["message"]
     if report["backend"] == "tensorflow":  # tf.data re-raises it as its own type: the message says where it is
         assert failed["raised"] == "InvalidArgumentError" and "is this KerasDataset's last_error" in failed["message"]

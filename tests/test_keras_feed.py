@@ -5,6 +5,7 @@ Each script is what a PyDataset saw (``tests/keras_scripts`` records the same wi
 from the thread that began the epoch, ``n``/``g`` the same from another thread (tf.data's).
 The loader has 4 batches per epoch of 4 ids each, so a batch is named by (epoch, index).
 """
+
 import threading
 
 import numpy as np
@@ -28,10 +29,16 @@ class Recorder:
         """Replay ``script``; returns what each G/g got: (epoch, index), or None (computed alone)."""
         got = []
         for op in script.split():
-            call = {"B": self.feed.begin, "E": self.feed.end, "N": self.feed.length, "n": self.feed.length,
-                    "G": self._take, "g": self._take}[op]
+            call = {
+                "B": self.feed.begin,
+                "E": self.feed.end,
+                "N": self.feed.length,
+                "n": self.feed.length,
+                "G": self._take,
+                "g": self._take,
+            }[op]
             if op in "ng":
-                thread = threading.Thread(target=lambda: got.append(call()) if op == "g" else call())
+                thread = threading.Thread(target=lambda call=call, op=op: got.append(call()) if op == "g" else call())
                 thread.start()
                 thread.join()
             elif op == "G":

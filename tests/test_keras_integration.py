@@ -5,6 +5,7 @@ Each backend runs once, in its own subprocess (``KERAS_BACKEND`` is fixed per pr
 report; the tests below each assert one promise on it. A backend that is not installed is
 skipped with the reason. The framework-free parts are tested in this process.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import types
 
+import keras_runs
 import numpy as np
 import pytest
 
@@ -20,8 +22,6 @@ from steadyfeed.errors import DataError
 from steadyfeed.integration.distributed import shard_from_jax, shard_from_tf_input_context
 from steadyfeed.integration.layout import BatchLayout
 from steadyfeed.integration.shapes import fixed_batch_size
-
-import keras_runs
 
 TEST_TIMEOUT = keras_runs.WAIT_TIMEOUT + 60
 EPOCHS, STEPS = 3, 16  # run_backend.py: 500 samples, batches of 32
@@ -81,8 +81,13 @@ def test_killed_fit_resumes_with_the_same_trained_batches_and_weights(report):
 @pytest.mark.timeout(TEST_TIMEOUT)
 def test_loader_monitor_values_are_in_history(report):
     history = part(report, "modes")["thread"]["history"]
-    assert sorted(history) == ["data_quarantined", "data_queue_fill", "data_samples_per_sec", "data_wait_fraction",
-                               "data_wait_ms_per_step"]
+    assert sorted(history) == [
+        "data_quarantined",
+        "data_queue_fill",
+        "data_samples_per_sec",
+        "data_wait_fraction",
+        "data_wait_ms_per_step",
+    ]
     assert all(len(values) == EPOCHS for values in history.values())
     assert all(v > 0 for v in history["data_samples_per_sec"])
     assert all(0 <= v < 5 for v in history["data_wait_fraction"])
@@ -90,9 +95,13 @@ def test_loader_monitor_values_are_in_history(report):
     assert all(0 <= v <= 4 for v in history["data_queue_fill"])  # prefetch = 2 * workers
     assert history["data_quarantined"] == [0.0] * EPOCHS
     # 20 batches, 640 samples, 0.5 s of waiting in 4 s; fill 90 - 20 over 20 batches
-    assert part(report, "monitor_figures") == {"data_samples_per_sec": 160.0, "data_wait_fraction": 0.125,
-                                               "data_wait_ms_per_step": 25.0, "data_queue_fill": 3.5,
-                                               "data_quarantined": 2.0}
+    assert part(report, "monitor_figures") == {
+        "data_samples_per_sec": 160.0,
+        "data_wait_fraction": 0.125,
+        "data_wait_ms_per_step": 25.0,
+        "data_queue_fill": 3.5,
+        "data_quarantined": 2.0,
+    }
 
 
 @pytest.mark.timeout(TEST_TIMEOUT)
@@ -136,10 +145,16 @@ def test_backend_bridges(report):
     extras = part(report, "extras")
     backend = report["backend"]
     if backend == "tensorflow":
-        assert extras["signature"] == {"x": ["float32", [32, 8]], "y": ["float32", [32, 1]],
-                                       "id": ["int64", [32]], "mask": ["float32", [32]]}
-        assert extras["signature_keras"] == ("(TensorSpec(shape=(None, 8), dtype=tf.float32, name=None), "
-                                             "TensorSpec(shape=(None, 1), dtype=tf.float32, name=None))")
+        assert extras["signature"] == {
+            "x": ["float32", [32, 8]],
+            "y": ["float32", [32, 1]],
+            "id": ["int64", [32]],
+            "mask": ["float32", [32]],
+        }
+        assert extras["signature_keras"] == (
+            "(TensorSpec(shape=(None, 8), dtype=tf.float32, name=None), "
+            "TensorSpec(shape=(None, 1), dtype=tf.float32, name=None))"
+        )
         assert extras["distributed_exactly_once"] and extras["from_function_exactly_once"]
         assert extras["cursor_after_one_pass"] == 1
         assert extras["shard_of_context"] == {"shard_index": 1, "shard_count": 4}
@@ -167,17 +182,24 @@ def test_no_worker_process_or_thread_outlives_its_loader(report):
 # -- framework-free, in this process ----------------------------------------------------------
 @pytest.mark.timeout(60)
 def test_import_steadyfeed_imports_no_framework():
-    code = ("import json, sys, steadyfeed, steadyfeed.integration.layout, steadyfeed.integration.distributed, "
-            "steadyfeed.integration.shapes, steadyfeed.integration.epochs\n"
-            f"print(json.dumps([m for m in {FRAMEWORKS!r} if m in sys.modules]))")
+    code = (
+        "import json, sys, steadyfeed, steadyfeed.integration.layout, steadyfeed.integration.distributed, "
+        "steadyfeed.integration.shapes, steadyfeed.integration.epochs\n"
+        f"print(json.dumps([m for m in {FRAMEWORKS!r} if m in sys.modules]))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []
 
 
 def test_batch_layout_arranges_keys_and_makes_the_mask_the_weight():
-    batch = {"a": np.ones((3, 2)), "b": np.zeros((3, 1)), "y": np.arange(3.0), "w": np.array([1.0, 2.0, 3.0], np.float32),
-             "mask": np.array([1.0, 1.0, 0.0], np.float32)}
+    batch = {
+        "a": np.ones((3, 2)),
+        "b": np.zeros((3, 1)),
+        "y": np.arange(3.0),
+        "w": np.array([1.0, 2.0, 3.0], np.float32),
+        "mask": np.array([1.0, 1.0, 0.0], np.float32),
+    }
     x, y, w = BatchLayout("a", "y").to_keras(batch)
     assert x is batch["a"] and y is batch["y"] and w is batch["mask"]
     x, _, _ = BatchLayout(("a", "b"), "y").to_keras(batch)

@@ -6,11 +6,11 @@ with the monitor and without. The tests assert that the monitor changes nothing 
 batches are the loader's plan, batch for batch, and the weights are bit-identical) and that it
 finds the flips. Times are in the report, never asserted.
 """
+
 from __future__ import annotations
 
-import pytest
-
 import keras_runs
+import pytest
 
 TEST_TIMEOUT = keras_runs.WAIT_TIMEOUT + 60
 EPOCHS, N, FLIPS = 6, 490, 49

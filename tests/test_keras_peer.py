@@ -4,20 +4,27 @@ Each backend runs the folder in a pytest subprocess of its own (``KERAS_BACKEND`
 process). A case may only be skipped for a reason argued in the folder (its README lists them);
 every other case must pass.
 """
+
 from __future__ import annotations
 
 import importlib.util
 import re
 
-import pytest
-
 import keras_runs
+import pytest
 
 # the cases that apply per backend: upstream skips multiprocessing on JAX and TF, and on JAX the
 # case built on jax.Array inputs expects jax.Array batches
 PASSING = {"jax": 20, "tensorflow": 23, "torch": 25}
-ARGUED = ("a Loader is finite by design", "a timed assertion", "numpy arrays its workers made",
-          "Starting processes is slow", "upstream skips it", "not supported with JAX backend", "hangs on Tensorflow")
+ARGUED = (
+    "a Loader is finite by design",
+    "a timed assertion",
+    "numpy arrays its workers made",
+    "Starting processes is slow",
+    "upstream skips it",
+    "not supported with JAX backend",
+    "hangs on Tensorflow",
+)
 
 
 @pytest.mark.timeout(keras_runs.WAIT_TIMEOUT + 60)

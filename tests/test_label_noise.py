@@ -7,6 +7,7 @@ softmax regression trained for 8 epochs puts the flipped samples at the bottom o
 rate within 0.005 of the truth); the bounds below hold by a wide margin, and a ranking that did
 not use the margins (by id, or shuffled) fails them.
 """
+
 from __future__ import annotations
 
 import json
@@ -131,8 +132,13 @@ def test_bad_input_is_refused_with_what_was_expected():
 
 
 def test_nothing_recorded_gives_empty_findings():
-    assert LabelNoiseRecorder().findings() == {"suspects": [], "noise_rate": None, "threshold": None,
-                                               "samples": 0, "max_records": 0}
+    assert LabelNoiseRecorder().findings() == {
+        "suspects": [],
+        "noise_rate": None,
+        "threshold": None,
+        "samples": 0,
+        "max_records": 0,
+    }
 
 
 @pytest.mark.timeout(300)

@@ -1,5 +1,6 @@
 """File listings: full-path order in one pass, compact, cached until a directory changes,
 shared with process workers by file name, never trusted stale."""
+
 import os
 import pickle
 
@@ -18,17 +19,34 @@ def touch(path):
     open(path, "wb").close()
 
 
-TRICKY = ["b.png", "b-c/x", "b/y", "b/a/z", "b0", "a b/q", "é/ü", "B/1", "b/.hidden", ".top/x", "c/d/e/f/g",
-          "b/y-1/z", "b/y.txt", "b/yy/w"]
+TRICKY = [
+    "b.png",
+    "b-c/x",
+    "b/y",
+    "b/a/z",
+    "b0",
+    "a b/q",
+    "é/ü",
+    "B/1",
+    "b/.hidden",
+    ".top/x",
+    "c/d/e/f/g",
+    "b/y-1/z",
+    "b/y.txt",
+    "b/yy/w",
+]
 
 
 def test_the_order_is_that_of_sorting_full_paths(tmp_path):
     for name in TRICKY:
         touch(tmp_path / name)
     listing = list_tree(str(tmp_path))
-    expected = sorted(os.path.relpath(os.path.join(d, f), tmp_path)
-                      for d, dirs, files in os.walk(tmp_path) for f in files
-                      if not any(part.startswith(".") for part in os.path.relpath(os.path.join(d, f), tmp_path).split(os.sep)))
+    expected = sorted(
+        os.path.relpath(os.path.join(d, f), tmp_path)
+        for d, dirs, files in os.walk(tmp_path)
+        for f in files
+        if not any(part.startswith(".") for part in os.path.relpath(os.path.join(d, f), tmp_path).split(os.sep))
+    )
     assert [listing.relative(i) for i in range(len(listing))] == expected
 
 
@@ -68,6 +86,7 @@ def test_the_cache_is_reused_until_a_directory_changes(tmp_path, monkeypatch):
 
     monkeypatch.setattr(listing_module, "list_tree", refuse)
     import steadyfeed.sources.npy as npy_module
+
     monkeypatch.setattr(npy_module, "list_tree", refuse)
     assert list(NpyPairs(x, y).names) == ["a.npy", "b.npy"]  # from the cache
     np.save(os.path.join(x, "a.npy"), np.float32([7, 7]))  # content only: the names still hold
@@ -112,8 +131,10 @@ def test_a_damaged_cache_is_rebuilt_never_trusted(tmp_path):
 
 def test_pickles_as_the_cache_files_name_not_the_list(tmp_path):
     small, big = tmp_path / "small", tmp_path / "big"
-    sizes = [len(pickle.dumps(NpyPairs(*npy_dirs(root, [f"{k:05d}.npy" for k in range(n)]))))
-             for root, n in ((small, 10), (big, 1500))]
+    sizes = [
+        len(pickle.dumps(NpyPairs(*npy_dirs(root, [f"{k:05d}.npy" for k in range(n)]))))
+        for root, n in ((small, 10), (big, 1500))
+    ]
     assert sizes[1] - sizes[0] < 50  # independent of the number of files
     source = NpyPairs(str(big / "x"), str(big / "y"))
     copy = pickle.loads(pickle.dumps(source))

@@ -1,15 +1,15 @@
 """A slow consumer over large batches: memory stays within prefetch x batch bytes plus a constant."""
+
 import os
 import threading
 import time
 
 import psutil
 import pytest
+from helpers import BigSource
 
 from steadyfeed import Loader
 from steadyfeed.execution import shm
-
-from helpers import BigSource
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,8 +54,9 @@ class PeakSampler(threading.Thread):
 @pytest.mark.parametrize("prefetch", [1, 3])
 def test_slow_consumer_keeps_memory_bounded(workers, mode, prefetch, no_leaks):
     batch_bytes = SAMPLE_BYTES * BATCH
-    with Loader(BigSource(BATCH * BATCHES, SAMPLE_BYTES), BATCH, workers=workers, mode=mode,
-                prefetch=prefetch) as loader:
+    with Loader(
+        BigSource(BATCH * BATCHES, SAMPLE_BYTES), BATCH, workers=workers, mode=mode, prefetch=prefetch
+    ) as loader:
         baseline = psutil.Process().memory_info().rss
         sampler = PeakSampler()
         sampler.start()

@@ -1,23 +1,26 @@
 """Mixture: deterministic (component, item) per sample, shares in every window, components
 cycling in fresh orders, resumable, named in failures and stats, in every mode and in audit."""
+
 import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from helpers import epoch_digest, noisy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from steadyfeed import ArraySource, Loader, Mixture
 from steadyfeed.tools.audit import audit
-
-from helpers import epoch_digest, noisy
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def component(tag: int, n: int) -> ArraySource:
     """Sample k of component ``tag``: x = (tag, k), y = 10 * tag + k."""
-    return ArraySource(x=np.stack([np.full(n, tag), np.arange(n)], axis=1).astype(np.float64),
-                       y=(10 * tag + np.arange(n)).astype(np.float64))
+    return ArraySource(
+        x=np.stack([np.full(n, tag), np.arange(n)], axis=1).astype(np.float64),
+        y=(10 * tag + np.arange(n)).astype(np.float64),
+    )
 
 
 def worst_share_error(mix: Mixture, start: int, stop: int, window: int) -> float:
@@ -32,8 +35,7 @@ def worst_share_error(mix: Mixture, start: int, stop: int, window: int) -> float
     return worst
 
 
-@pytest.mark.parametrize("weights", [[0.5, 0.3, 0.2], [0.7, 0.2, 0.05, 0.05], [1, 2, 3, 4, 5, 6, 7],
-                                     [0.999, 0.001]])
+@pytest.mark.parametrize("weights", [[0.5, 0.3, 0.2], [0.7, 0.2, 0.05, 0.05], [1, 2, 3, 4, 5, 6, 7], [0.999, 0.001]])
 def test_every_window_of_10000_holds_each_share_within_one_point(weights):
     mix = Mixture([component(c, 1000 + 37 * c) for c in range(len(weights))], weights, length=10**13)
     assert worst_share_error(mix, 0, 60_000, 10_000) < 0.01
@@ -42,6 +44,7 @@ def test_every_window_of_10000_holds_each_share_within_one_point(weights):
 
 def test_a_biased_interleaving_would_fail_the_window_check():
     """The check can fail: a mixture whose ids are grouped by component is far off in most windows."""
+
     class Grouped(Mixture):
         def components_of(self, ids):
             return (np.asarray(ids) >= 30_000).astype(np.int64)
@@ -61,7 +64,7 @@ def test_within_a_component_no_item_repeats_before_all_have_appeared(sizes, seed
         per_component[c].append(item)
     for c, items in per_component.items():
         n = sizes[c]
-        passes = [items[k:k + n] for k in range(0, len(items) - n + 1, n)]
+        passes = [items[k : k + n] for k in range(0, len(items) - n + 1, n)]
         for one_pass in passes:
             assert sorted(one_pass) == list(range(n))
         if n >= 5 and len(passes) >= 2:
@@ -95,8 +98,12 @@ def test_a_zero_weight_component_never_appears():
 
 
 def mixture():
-    return Mixture({"big": component(0, 97), "small": component(1, 13), "mid": component(2, 40)}, [0.5, 0.2, 0.3],
-                   length=600, seed=1)
+    return Mixture(
+        {"big": component(0, 97), "small": component(1, 13), "mid": component(2, 40)},
+        [0.5, 0.2, 0.3],
+        length=600,
+        seed=1,
+    )
 
 
 def test_identical_in_every_mode_and_resumable(no_leaks):

@@ -1,19 +1,20 @@
 """Near-duplicates (issue 17, item 3): a perceptual hash that finds re-encoded, resized and
 slightly cropped copies within a split and across audit --against splits, by a multi-index
 search that finds exactly the pairs a comparison of all pairs finds."""
+
 import json
 
+import images_made as made
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import steadyfeed as sf
 from steadyfeed import Loader
 from steadyfeed.diagnostics import near_duplicates as nd
 from steadyfeed.tools.audit import audit
 from steadyfeed.tools.cli import main
-
-import images_made as made
 
 pytest.importorskip("PIL")
 
@@ -41,14 +42,20 @@ def test_the_hash_agrees_with_imagehash_and_tells_copies_from_other_images():
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(0, 400), m=st.integers(0, 300), r=st.integers(0, 14), seed=st.integers(0, 2 ** 32 - 1),
-       across=st.booleans(), data=st.data())
+@given(
+    n=st.integers(0, 400),
+    m=st.integers(0, 300),
+    r=st.integers(0, 14),
+    seed=st.integers(0, 2**32 - 1),
+    across=st.booleans(),
+    data=st.data(),
+)
 def test_the_search_finds_exactly_the_pairs_all_pairs_would(n, m, r, seed, across, data):
     """Random hashes with planted neighbours at every distance up to r + 2: the multi-index
     search finds each pair within r once, and nothing else, whatever number of bands it picks."""
     rng = np.random.default_rng(seed)
-    a = rng.integers(0, 2 ** 63, n, dtype=np.int64).astype(np.uint64) << np.uint64(1)
-    b = rng.integers(0, 2 ** 63, m, dtype=np.int64).astype(np.uint64) if across else None
+    a = rng.integers(0, 2**63, n, dtype=np.int64).astype(np.uint64) << np.uint64(1)
+    b = rng.integers(0, 2**63, m, dtype=np.int64).astype(np.uint64) if across else None
     target = a if b is None else b
     planted = min(len(target) // 2, len(a), 40)
     for k in range(planted):  # target[-1 - k] is a[k] with k % (r + 3) bits flipped
@@ -70,8 +77,10 @@ def trees(tmp_path):
     copies of train 5 and 6 (val ids 10, 11), as JPEG / PNG files of several sizes."""
     train = {"a": [made.scene(s) for s in range(12)], "b": [made.scene(s) for s in range(12, 20)]}
     train["b"] += [made.reencoded(train["a"][0]), made.resized(train["a"][1]), made.cropped(train["a"][2], 0.03)]
-    val = {"a": [made.scene(s) for s in range(100, 110)] + [made.reencoded(train["a"][5], 50),
-                                                          made.cropped(train["a"][6], 0.03)]}
+    val = {
+        "a": [made.scene(s) for s in range(100, 110)]
+        + [made.reencoded(train["a"][5], 50), made.cropped(train["a"][6], 0.03)]
+    }
     for root, classes in (("train", train), ("val", val)):
         for name, images in classes.items():
             (tmp_path / root / name).mkdir(parents=True)
@@ -93,8 +102,9 @@ def test_audit_lists_the_copies_within_the_split_and_across_against(tmp_path, no
     assert across == {(5, 10), (6, 11)}
     for p in pairs:
         assert 0 <= p["distance"] <= 8 and p["a_file"].startswith(str(train)) and p["b_file"].endswith((".png", ".jpg"))
-    assert [p["distance"] for p in pairs if "split_b" not in p] == sorted(p["distance"] for p in pairs
-                                                                           if "split_b" not in p)
+    assert [p["distance"] for p in pairs if "split_b" not in p] == sorted(
+        p["distance"] for p in pairs if "split_b" not in p
+    )
     failed = {c.name for c in report.failed}
     assert {"near_duplicates", "near_contamination"} <= failed
     assert "contamination" not in failed  # no byte-identical sample: only the perceptual hash sees these
@@ -107,13 +117,44 @@ def test_audit_lists_the_copies_within_the_split_and_across_against(tmp_path, no
 
 def test_cli_audit_near_duplicates_flag(tmp_path, capsys):
     train, val = trees(tmp_path)
-    code = main(["audit", "--images", str(train), "--image-size", "64", "64", "--settings", "0", "--epochs", "1",
-                 "--near-duplicates", "--json", "--no-progress"])
+    code = main(
+        [
+            "audit",
+            "--images",
+            str(train),
+            "--image-size",
+            "64",
+            "64",
+            "--settings",
+            "0",
+            "--epochs",
+            "1",
+            "--near-duplicates",
+            "--json",
+            "--no-progress",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
     assert code == 1
     check = next(c for c in report["checks"] if c["name"] == "near_duplicates")
     assert check["details"]["max_distance"] == nd.MAX_DISTANCE and check["details"]["count"] == 3
-    code = main(["audit", "--images", str(val), "--image-size", "64", "64", "--settings", "0", "--epochs", "1",
-                 "--near-duplicates", "4", "--json", "--no-progress"])
+    code = main(
+        [
+            "audit",
+            "--images",
+            str(val),
+            "--image-size",
+            "64",
+            "64",
+            "--settings",
+            "0",
+            "--epochs",
+            "1",
+            "--near-duplicates",
+            "4",
+            "--json",
+            "--no-progress",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
     assert code == 0 and next(c for c in report["checks"] if c["name"] == "near_duplicates")["status"] == "pass"

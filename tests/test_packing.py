@@ -1,4 +1,5 @@
 """pack(): bit-exact round trips, order, atomic output, clear errors, progress, the CLI; and serialized()."""
+
 import json
 import os
 import pickle
@@ -9,14 +10,13 @@ import time
 
 import numpy as np
 import pytest
+from helpers import FaultySource, assert_paired, label_of
 
 from steadyfeed import ArraySource, DataError, Loader, TooManyErrors
 from steadyfeed.locking import Serialized, serialized
 from steadyfeed.packing import pack
 from steadyfeed.sources.tfrecord import TFRecordSource
 from steadyfeed.tools.cli import main
-
-from helpers import FaultySource, assert_paired, label_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,7 +30,7 @@ def every_kind(n: int) -> ArraySource:
     return ArraySource(
         f32=rng.standard_normal((n, 3, 2)).astype(np.float32),
         u8=rng.integers(0, 256, (n, 5), dtype=np.uint8),
-        i64=rng.integers(-2**62, 2**62, n),  # 0-d int64 per sample
+        i64=rng.integers(-(2**62), 2**62, n),  # 0-d int64 per sample
         f64=np.resize(special, (n, 6)),
         flag=rng.random((n, 2, 2)) > 0.5,
         scalar=rng.standard_normal(n).astype(np.float32),
@@ -61,7 +61,8 @@ def test_round_trip_of_a_source_is_bit_exact_with_a_manifest(tmp_path):
     source = every_kind(N)
     out = pack(source, tmp_path / "out", shard_size=16, progress=False)
     assert sorted(os.listdir(out)) == ["manifest.json"] + [
-        f"shard-0000{k}-of-00003.tfrecord{suffix}" for k in range(3) for suffix in ("", ".sfidx.npy")]
+        f"shard-0000{k}-of-00003.tfrecord{suffix}" for k in range(3) for suffix in ("", ".sfidx.npy")
+    ]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["samples"] == N and manifest["version"] == 1
     assert manifest["features"]["f32"] == {"dtype": "float32", "shape": [3, 2]}
@@ -81,8 +82,12 @@ def test_round_trip_of_a_source_is_bit_exact_with_a_manifest(tmp_path):
 def test_round_trip_of_a_generator_keeps_variable_bytes_and_str(tmp_path):
     def legacy():
         for i in range(N):
-            yield {"raw": b"\x00ab\x00" * i, "text": "ü" * i, "x": np.full((2, i % 3 + 1), i, np.int8)[:, :1],
-                   "y": i % 2 == 0}
+            yield {
+                "raw": b"\x00ab\x00" * i,
+                "text": "ü" * i,
+                "x": np.full((2, i % 3 + 1), i, np.int8)[:, :1],
+                "y": i % 2 == 0,
+            }
 
     out = pack(legacy(), tmp_path / "out", shard_size=7, progress=False)
     assert len([f for f in os.listdir(out) if f.endswith(".tfrecord")]) == 6
@@ -146,8 +151,11 @@ class OddOneOut:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_sample_unlike_the_first_names_id_key_expected_and_found(tmp_path, workers, no_leaks):
-    with pytest.raises(DataError, match=r"sample 23: key 'x': expected float32 \(3,\) \(as in the first sample\), "
-                                        r"found float64 \(3,\)"):
+    with pytest.raises(
+        DataError,
+        match=r"sample 23: key 'x': expected float32 \(3,\) \(as in the first sample\), "
+        r"found float64 \(3,\)",
+    ):
         pack(OddOneOut(), tmp_path / "out", shard_size=8, workers=workers, progress=False)
     assert leftovers(tmp_path) == []  # neither the output nor its staging directory
 
@@ -288,21 +296,24 @@ def test_cli_packs_a_generator_from_a_file(spec_file, tmp_path, capsys):
 
 def test_cli_packs_a_source_class_with_process_workers(spec_file, tmp_path, capsys, no_leaks):
     out = tmp_path / "out"
-    assert main(["pack", "make_data:Squares", str(out), "--workers", "2", "--mode", "process",
-                 "--no-progress"]) == 2  # not importable by module name before the file was loaded: a usage error
+    assert (
+        main(["pack", "make_data:Squares", str(out), "--workers", "2", "--mode", "process", "--no-progress"]) == 2
+    )  # not importable by module name before the file was loaded: a usage error
     assert "cannot import module 'make_data'" in capsys.readouterr().err
-    assert main(["pack", f"{spec_file}:Squares", str(out), "--workers", "2", "--mode", "process",
-                 "--no-progress"]) == 0
+    assert main(["pack", f"{spec_file}:Squares", str(out), "--workers", "2", "--mode", "process", "--no-progress"]) == 0
     packed = TFRecordSource(out)
     assert [int(s["x"][0]) for s in packed.read_many(range(12))] == [i * i for i in range(12)]
     packed.close()
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("no_colon", "SPEC must be FILE.py:NAME or MODULE:NAME"),
-    ("missing.py:samples", "SPEC file not found"),
-    ("{file}:nothing", "has no 'nothing'"),
-])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("no_colon", "SPEC must be FILE.py:NAME or MODULE:NAME"),
+        ("missing.py:samples", "SPEC file not found"),
+        ("{file}:nothing", "has no 'nothing'"),
+    ],
+)
 def test_cli_reports_bad_specs_with_exit_code_2_like_every_command(spec_file, tmp_path, capsys, spec, message):
     assert main(["pack", spec.format(file=spec_file), str(tmp_path / "out"), "--no-progress"]) == 2
     err = capsys.readouterr().err
@@ -408,8 +419,7 @@ def test_the_output_is_readable_as_the_umask_says(tmp_path, umask):
 
 
 @pytest.mark.parametrize("workers,mode", [(0, "thread"), (2, "thread"), (2, "process")])
-def test_skip_leaves_out_the_unreadable_image_lists_it_and_keeps_the_rest_bit_exact(tmp_path, workers, mode,
-                                                                                    no_leaks):
+def test_skip_leaves_out_the_unreadable_image_lists_it_and_keeps_the_rest_bit_exact(tmp_path, workers, mode, no_leaks):
     pytest.importorskip("PIL")
     from steadyfeed.sources.images import ImageFolder
 
@@ -418,8 +428,16 @@ def test_skip_leaves_out_the_unreadable_image_lists_it_and_keeps_the_rest_bit_ex
     with pytest.raises(DataError, match=rf"sample {empty} \(.*empty.png\): .*empty file"):
         pack(source, tmp_path / "raised", workers=workers, mode=mode, progress=False)
     assert not (tmp_path / "raised").exists()
-    out = pack(source, tmp_path / "out", shard_size=5, workers=workers, mode=mode, progress=False,
-               on_error="skip", max_error_fraction=0.1)
+    out = pack(
+        source,
+        tmp_path / "out",
+        shard_size=5,
+        workers=workers,
+        mode=mode,
+        progress=False,
+        on_error="skip",
+        max_error_fraction=0.1,
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     (entry,) = manifest["quarantine"]
     assert (entry["sample_id"], entry["location"], entry["error_type"]) == (empty, source.files[empty], "DataError")
@@ -430,8 +448,15 @@ def test_skip_leaves_out_the_unreadable_image_lists_it_and_keeps_the_rest_bit_ex
         assert_bit_exact(packed[record], source[i])
     packed.close()
     with pytest.raises(TooManyErrors, match="max_error_fraction=0.01"):
-        pack(source, tmp_path / "strict", workers=workers, mode=mode, progress=False, on_error="skip",
-             max_error_fraction=0.01)
+        pack(
+            source,
+            tmp_path / "strict",
+            workers=workers,
+            mode=mode,
+            progress=False,
+            on_error="skip",
+            max_error_fraction=0.01,
+        )
     assert not (tmp_path / "strict").exists()
 
 
@@ -465,6 +490,7 @@ def make_shortcut(kind: str, root) -> list[str]:
         return ["--parquet", str(root / "t.parquet"), "--x", "a", "--y", "b"]
     if kind == "webdataset":
         import tarfile
+
         with tarfile.open(root / "shard-000.tar", "w") as tar:  # Python's own tar writer
             for i in range(6):
                 for ext in ("cls", "txt"):
@@ -473,14 +499,16 @@ def make_shortcut(kind: str, root) -> list[str]:
         return ["--webdataset", str(root / "shard-000.tar")]
     if kind == "tfrecord-gzip":
         from steadyfeed.sources.tfrecord import encode_example, infer_specs
+
         records = [encode_example(s, infer_specs(s)) for s in ({"x": np.full(2, i, np.float32)} for i in range(6))]
         return ["--tfrecord", str(messy.gzip_tfrecord(root / "g.tfrecord.gz", records)), "--feature", "x=float32:2"]
     pack([{"x": np.full(2, i, np.float32)} for i in range(6)], root / "source", progress=False)
     return ["--tfrecord", str(root / "source")]
 
 
-@pytest.mark.parametrize("kind", ["images", "npy-pairs", "npy", "hdf5", "csv", "tfrecord", "tfrecord-gzip", "parquet",
-                                  "webdataset"])
+@pytest.mark.parametrize(
+    "kind", ["images", "npy-pairs", "npy", "hdf5", "csv", "tfrecord", "tfrecord-gzip", "parquet", "webdataset"]
+)
 def test_every_spec_shortcut_packs(tmp_path, kind, capsys, no_leaks):
     argv = make_shortcut(kind, tmp_path)
     assert main(["pack", *argv, str(tmp_path / "out"), "--no-progress", "--workers", "2"]) == 0

@@ -5,11 +5,13 @@ tolerance is derived from its sample size (chi-square: df + 6 sqrt(2 df); correl
 6 / sqrt(n)), so a correct permutation passes by a wide margin and the result never
 changes from run to run.
 """
+
 import pickle
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from steadyfeed import Loader, ShuffleSampler
 from steadyfeed.sampling.permutation import Permutation
@@ -30,8 +32,11 @@ def test_a_bijection_of_range_n_for_every_key(n, key):
 
 
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(10**9, 2**62), seed=st.integers(0, 2**31),
-       positions=st.lists(st.integers(0, 10**9 - 1), min_size=1, max_size=200, unique=True))
+@given(
+    n=st.integers(10**9, 2**62),
+    seed=st.integers(0, 2**31),
+    positions=st.lists(st.integers(0, 10**9 - 1), min_size=1, max_size=200, unique=True),
+)
 def test_distinct_positions_give_distinct_values_in_range_at_any_size(n, seed, positions):
     perm = Permutation(n, (seed, 1))
     values = perm.take(np.array(positions))
@@ -45,8 +50,10 @@ def test_the_same_key_gives_the_same_order_and_others_differ():
     np.testing.assert_array_equal(a, permutation(1000, 5, 0).take(np.arange(1000)))
     assert not np.array_equal(a, permutation(1000, 5, 1).take(np.arange(1000)))
     assert not np.array_equal(a, permutation(1000, 6, 0).take(np.arange(1000)))
-    assert not np.array_equal(permutation(1000, 6, 0).take(np.arange(1000)),  # not seed + epoch
-                              permutation(1000, 5, 1).take(np.arange(1000)))
+    assert not np.array_equal(
+        permutation(1000, 6, 0).take(np.arange(1000)),  # not seed + epoch
+        permutation(1000, 5, 1).take(np.arange(1000)),
+    )
     with pytest.raises(IndexError):
         permutation(10, 0, 0).take(np.array([10]))
 
@@ -96,8 +103,9 @@ class Huge:
 
 
 def test_a_shuffled_plan_over_10_to_the_12_samples_is_a_few_integers():
-    with Loader(Huge(), 64, shuffle=True, seed=1, shard_index=3, shard_count=7, last_batch="drop",
-                with_ids=True) as loader:
+    with Loader(
+        Huge(), 64, shuffle=True, seed=1, shard_index=3, shard_count=7, last_batch="drop", with_ids=True
+    ) as loader:
         plan = loader._plan(0)
         assert len(loader) == (10**12 // 7) // 64
         assert len(pickle.dumps(plan)) < 2000  # no array of the epoch's length anywhere in it

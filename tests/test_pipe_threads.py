@@ -1,17 +1,17 @@
 """Process mode's pipe threads (execution/sender.py, receiver.py): tasks are written and results
 taken in and copied out of shared memory off the consumer's thread, and a failure in either
 surfaces instead of hanging."""
+
 import threading
 from multiprocessing.connection import Connection
 
 import numpy as np
 import pytest
+from helpers import assert_paired, paired_source
 
 from steadyfeed import Loader
 from steadyfeed.execution import receiver, shm
 from steadyfeed.execution.task import BatchTask
-
-from helpers import assert_paired, paired_source
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,19 +1,30 @@
 """build_plan on its own: the plan of one epoch for one shard, for any order, size and policy."""
+
 import math
 
 import numpy as np
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from steadyfeed.sampling.plan import LAST_BATCH_POLICIES, build_plan
 
 
 def plans(order, batch_size, shard_count, last_batch, with_draws=False):
-    return [build_plan(order, batch_size=batch_size, shard_index=r, shard_count=shard_count, last_batch=last_batch,
-                       with_draws=with_draws) for r in range(shard_count)]
+    return [
+        build_plan(
+            order,
+            batch_size=batch_size,
+            shard_index=r,
+            shard_count=shard_count,
+            last_batch=last_batch,
+            with_draws=with_draws,
+        )
+        for r in range(shard_count)
+    ]
 
 
 def real(plan):
-    ids = [spec.ids[:spec.num_real] for spec in plan]
+    ids = [spec.ids[: spec.num_real] for spec in plan]
     return np.concatenate(ids) if ids else np.zeros(0, np.int64)
 
 
@@ -21,8 +32,12 @@ orders = st.integers(0, 120).flatmap(lambda n: st.permutations(list(range(n))).m
 
 
 @settings(max_examples=200, deadline=None)
-@given(order=orders, batch_size=st.integers(1, 13), shard_count=st.integers(1, 6),
-       last_batch=st.sampled_from(LAST_BATCH_POLICIES))
+@given(
+    order=orders,
+    batch_size=st.integers(1, 13),
+    shard_count=st.integers(1, 6),
+    last_batch=st.sampled_from(LAST_BATCH_POLICIES),
+)
 def test_shards_split_the_order_round_robin_and_batch_it_in_order(order, batch_size, shard_count, last_batch):
     n = len(order)
     per_shard = plans(order, batch_size, shard_count, last_batch)
@@ -48,31 +63,47 @@ def test_shards_split_the_order_round_robin_and_batch_it_in_order(order, batch_s
 
 
 @settings(max_examples=100, deadline=None)
-@given(order=st.lists(st.integers(0, 9), max_size=60).map(lambda v: np.array(v, np.int64)),
-       batch_size=st.integers(1, 7), shard_count=st.integers(1, 4))
+@given(
+    order=st.lists(st.integers(0, 9), max_size=60).map(lambda v: np.array(v, np.int64)),
+    batch_size=st.integers(1, 7),
+    shard_count=st.integers(1, 4),
+)
 def test_draws_are_order_positions_so_every_appearance_has_its_own(order, batch_size, shard_count):
     """With repeating ids, an id's draw is its position in the epoch's order: distinct per appearance."""
     for r, plan in enumerate(plans(order, batch_size, shard_count, "partial", with_draws=True)):
         draws = np.concatenate([s.draws for s in plan]) if len(plan) else np.zeros(0, np.int64)
         np.testing.assert_array_equal(draws, np.arange(r, len(order), shard_count))
         np.testing.assert_array_equal(real(plan), order[draws])
-    assert all(spec.draws is None for spec in build_plan(order, batch_size=batch_size, shard_index=0, shard_count=1,
-                                                            last_batch="partial", with_draws=False))
+    assert all(
+        spec.draws is None
+        for spec in build_plan(
+            order, batch_size=batch_size, shard_index=0, shard_count=1, last_batch="partial", with_draws=False
+        )
+    )
 
 
 def test_a_shard_with_nothing_left_borrows_one_id_for_its_shape():
-    plan = build_plan(np.arange(3, dtype=np.int64), batch_size=4, shard_index=3, shard_count=4, last_batch="pad",
-                      with_draws=False)
+    plan = build_plan(
+        np.arange(3, dtype=np.int64), batch_size=4, shard_index=3, shard_count=4, last_batch="pad", with_draws=False
+    )
     assert len(plan) == 1 and plan[0].num_real == 0 and len(plan[0].ids) == 1 and plan[0].pad_to == 4
 
 
 @settings(max_examples=60, deadline=None)
-@given(order=orders, batch_size=st.integers(1, 13), shard_count=st.integers(1, 4),
-       last_batch=st.sampled_from(LAST_BATCH_POLICIES), block=st.integers(1, 40), data=st.data())
-def test_batches_computed_in_blocks_are_the_same_in_any_order_of_access(order, batch_size, shard_count, last_batch,
-                                                                         block, data):
+@given(
+    order=orders,
+    batch_size=st.integers(1, 13),
+    shard_count=st.integers(1, 4),
+    last_batch=st.sampled_from(LAST_BATCH_POLICIES),
+    block=st.integers(1, 40),
+    data=st.data(),
+)
+def test_batches_computed_in_blocks_are_the_same_in_any_order_of_access(
+    order, batch_size, shard_count, last_batch, block, data
+):
     """The plan computes positions a block at a time; any block size and any access order give the same batches."""
     import steadyfeed.sampling.plan as plan_module
+
     reference = plans(order, batch_size, shard_count, last_batch, with_draws=True)
     saved = plan_module.BLOCK_IDS
     plan_module.BLOCK_IDS = block

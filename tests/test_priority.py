@@ -1,19 +1,21 @@
 """Workers run below the consumer's CPU priority (``worker_niceness``), so the training loop
 never queues behind them for a core or the GIL. Linux only: nice values are per thread there."""
+
 import os
 import sys
 import threading
 
 import numpy as np
 import pytest
+from helpers import paired_source
 
 from steadyfeed import Loader
 from steadyfeed.config import LoaderConfig
 
-from helpers import paired_source
-
-pytestmark = [pytest.mark.timeout(60),
-              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")]
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's"),
+]
 
 
 class NicenessSource:
@@ -38,8 +40,9 @@ def own_nice() -> int:
 @pytest.mark.parametrize("niceness", [0, 5])
 def test_workers_run_at_the_asked_niceness_and_the_consumer_keeps_its_own(mode, niceness, no_leaks):
     before = own_nice()
-    with Loader(NicenessSource(24), 4, workers=2, mode=mode, worker_niceness=niceness,
-                inline_when_faster=False) as loader:
+    with Loader(
+        NicenessSource(24), 4, workers=2, mode=mode, worker_niceness=niceness, inline_when_faster=False
+    ) as loader:
         seen = np.concatenate([b["nice"] for b in loader])
     assert set(seen.tolist()) == {min(19, before + niceness)}
     assert own_nice() == before

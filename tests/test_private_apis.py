@@ -11,6 +11,7 @@ a Python or library release that removes one fails this test instead of a user's
 
 steadyfeed reads no other library's private internals (Keras, TensorFlow, Ray included).
 """
+
 import os
 import sys
 

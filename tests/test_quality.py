@@ -1,17 +1,24 @@
 """Data-quality checks: NaN/Inf, constant images, shape outliers, label drift; the Checked
 wrapper makes a bad sample a DataError the Loader raises or quarantines."""
+
 import pickle
 
 import numpy as np
 import pytest
+from helpers import paired_source
 
 from steadyfeed import ArraySource, DataError, Loader, SampleError, WeightedSampler
 from steadyfeed.quality import (
-    Checked, check_names, finite, label_classes, not_constant, outliers, sample_problems, total_variation,
+    Checked,
+    check_names,
+    finite,
+    label_classes,
+    not_constant,
+    outliers,
+    sample_problems,
+    total_variation,
 )
 from steadyfeed.tools.audit import audit
-
-from helpers import paired_source
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -76,8 +83,16 @@ def test_checked_raises_a_data_error_naming_sample_key_and_check():
 
 @pytest.mark.parametrize("workers,mode", [(0, "thread"), (2, "thread"), (2, "process")])
 def test_checked_samples_are_quarantined_under_skip_and_the_rest_delivered_once(workers, mode, no_leaks):
-    with Loader(Checked(images(), checks=("finite", "not_constant")), 4, shuffle=True, workers=workers, mode=mode,
-                on_error="skip", with_ids=True, max_error_fraction=0.5) as loader:
+    with Loader(
+        Checked(images(), checks=("finite", "not_constant")),
+        4,
+        shuffle=True,
+        workers=workers,
+        mode=mode,
+        on_error="skip",
+        with_ids=True,
+        max_error_fraction=0.5,
+    ) as loader:
         ids = np.concatenate([b["id"] for b in loader.epoch(0)])
         report = loader.quarantine_report()
     assert sorted(ids.tolist()) == [i for i in range(12) if i not in (NAN_ID, BLANK_ID)]

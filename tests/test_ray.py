@@ -5,6 +5,7 @@ fixture cannot be used here (Ray's own daemons are children of the test process)
 ``no_ray_leaks`` checks what is ours: no actor of steadyfeed's left alive, no worker
 thread, no shared-memory segment.
 """
+
 import json
 import os
 import shutil
@@ -18,18 +19,19 @@ import numpy as np
 import psutil
 import pytest
 
-ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'steadyfeed[ray]'); skipping mode='ray' tests")
+ray = pytest.importorskip(
+    "ray", reason="Ray is not installed (pip install 'steadyfeed[ray]'); skipping mode='ray' tests"
+)
 pytest.importorskip("ray.data", reason="Ray Data is not installed (pip install 'steadyfeed[ray]')")
+
+from conftest import snapshot  # noqa: E402
+from helpers import FaultySource, assert_paired, child_processes, epoch_digest, jitter_rows, noisy, paired_source  # noqa: E402
 
 import steadyfeed.ray as sfr  # noqa: E402
 from steadyfeed import CollateError, Loader, SampleTimeout, WorkerDied  # noqa: E402
-from steadyfeed.execution import ray_pool  # noqa: E402
 from steadyfeed.errors import RayClusterLost  # noqa: E402
+from steadyfeed.execution import ray_pool  # noqa: E402
 from steadyfeed.execution.ray_pool import ACTOR_PREFIX, RayPool  # noqa: E402
-
-from conftest import snapshot  # noqa: E402
-from helpers import (FaultySource, assert_paired, child_processes, epoch_digest, jitter_rows, noisy,  # noqa: E402
-                     paired_source)
 from steadyfeed.quality import Checked  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)  # Ray Data passes take over a minute on a loaded 2-core machine
@@ -73,8 +75,9 @@ def delivered_ids(loader):
 
 
 def digests(mode, workers=2):
-    with Loader(paired_source(300), 32, shuffle=True, seed=7, transform=noisy, workers=workers, mode=mode,
-                with_ids=True) as loader:
+    with Loader(
+        paired_source(300), 32, shuffle=True, seed=7, transform=noisy, workers=workers, mode=mode, with_ids=True
+    ) as loader:
         return [epoch_digest(loader.epoch(e)) for e in (0, 1)]
 
 
@@ -174,8 +177,17 @@ def test_shutdown_kills_every_actor(no_ray_leaks):
 def test_two_shards_are_disjoint_and_complete(no_ray_leaks):
     shards = []
     for k in range(2):
-        with Loader(paired_source(N + 3), 4, shuffle=True, seed=3, workers=1, mode="ray", with_ids=True,
-                    shard_index=k, shard_count=2) as loader:
+        with Loader(
+            paired_source(N + 3),
+            4,
+            shuffle=True,
+            seed=3,
+            workers=1,
+            mode="ray",
+            with_ids=True,
+            shard_index=k,
+            shard_count=2,
+        ) as loader:
             shards.append(set(delivered_ids(loader).tolist()))
     assert not shards[0] & shards[1] and shards[0] | shards[1] == set(range(N + 3))
 
@@ -217,7 +229,8 @@ def test_the_ray_developer_apis_the_bridges_use_exist():
 @pytest.mark.timeout(180)  # four passes of Ray Data, two of them sorts, on a busy 2-core machine
 def test_ray_data_source_order_does_not_depend_on_how_ray_ran_it(no_ray_leaks):
     ds = ray.data.range(400, override_num_blocks=12).map_batches(  # 4 at once, finishing in any order
-        jitter_rows, num_cpus=0.25, compute=ray.data.TaskPoolStrategy(size=4))
+        jitter_rows, num_cpus=0.25, compute=ray.data.TaskPoolStrategy(size=4)
+    )
     first, second = sfr.source_from_ray_dataset(ds), sfr.source_from_ray_dataset(ds)
     assert _rows(first) == _rows(second) == list(range(400))  # the dataset's own order, each time
     assert first.fingerprint() == second.fingerprint()
@@ -367,9 +380,21 @@ def test_head_killed_raises_cluster_lost(no_ray_leaks):
     port = _free_port()
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
     try:
-        subprocess.run([ray_cli, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}", "--num-cpus=2",
-                        "--include-dashboard=false", "--disable-usage-stats"], check=True, capture_output=True,
-                       timeout=60)
+        subprocess.run(
+            [
+                ray_cli,
+                "start",
+                "--head",
+                f"--port={port}",
+                f"--temp-dir={temp_dir}",
+                "--num-cpus=2",
+                "--include-dashboard=false",
+                "--disable-usage-stats",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         sfr.init(address=f"127.0.0.1:{port}", log_to_driver=False)
         with Loader(paired_source(100_000), 4, workers=2, mode="ray") as loader:
             with pytest.raises(RayClusterLost, match=f"Ray cluster at .*:{port} .*head does not answer"):

@@ -9,8 +9,9 @@ shares this machine's /dev/shm: its actors keep their status in slots of their o
 after a death by the pool's agent there, exactly as on another machine. No test asserts a
 duration: each one's bound is its timeout.
 """
-import os
+
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -23,13 +24,13 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'steadyfeed[ray]')")
 pytest.importorskip("ray.data", reason="Ray Data is not installed (pip install 'steadyfeed[ray]')")
 
-from steadyfeed import Loader, WorkerDied  # noqa: E402
-from steadyfeed.execution import ray_pool  # noqa: E402
-from steadyfeed.execution.ray_pool import ACTOR_PREFIX  # noqa: E402
-
 from conftest import snapshot  # noqa: E402
 from helpers import FaultySource  # noqa: E402
 from ray_nodes import LocalCluster  # noqa: E402
+
+from steadyfeed import Loader, WorkerDied  # noqa: E402
+from steadyfeed.execution import ray_pool  # noqa: E402
+from steadyfeed.execution.ray_pool import ACTOR_PREFIX  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -56,8 +57,9 @@ def nodes(cluster):
     if not cluster.nodes[-1].raylet_alive():
         cluster.add_node(1, {"sf_second": 1})
     if not ray.is_initialized():
-        ray.init(address=cluster.address, log_to_driver=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": TESTS_DIR}})  # actors import helpers.py
+        ray.init(
+            address=cluster.address, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": TESTS_DIR}}
+        )  # actors import helpers.py
     yield {"head": cluster.head.node_id(), "second": cluster.nodes[-1].node_id()}
     deadline = time.monotonic() + 10
     while _our_actors() and time.monotonic() < deadline:
@@ -74,6 +76,7 @@ def _our_actors() -> list[str]:
 
 def _kill_when_entered(marker_dir: str, sample: int, pid: int) -> threading.Thread:
     """Kill process ``pid`` once it is inside ``sample`` (FaultySource marks a hang's start)."""
+
     def kill():
         path = os.path.join(marker_dir, f"entered-{sample}")
         while not os.path.exists(path):
@@ -92,8 +95,13 @@ def test_actor_killed_on_either_node_blames_the_sample_it_was_on(node, how, node
     it was on: 9 kills its own process as it starts, 13 hangs until the test kills the actor."""
     monkeypatch.setattr(ray_pool, "ACTOR_OPTIONS", {"num_cpus": 1, "resources": {f"sf_{node}": 1}})
     sample = 9 if how == "by-its-sample" else 13
-    src = FaultySource(N, kill={9} if how == "by-its-sample" else (), hang={13} if how != "by-its-sample" else (),
-                       marker_dir=marker_dir, hang_seconds=600)
+    src = FaultySource(
+        N,
+        kill={9} if how == "by-its-sample" else (),
+        hang={13} if how != "by-its-sample" else (),
+        marker_dir=marker_dir,
+        hang_seconds=600,
+    )
     with Loader(src, 4, workers=1, mode="ray", with_ids=True) as loader:
         batches = iter(loader)
         next(batches)
@@ -110,8 +118,15 @@ def test_actor_killed_on_either_node_blames_the_sample_it_was_on(node, how, node
 def _run_trainers(address: str, out_dir: str, run: int, count: int = 2) -> list[list[int]]:
     script = os.path.join(TESTS_DIR, "ray_scripts", "shard_driver.py")
     outs = [os.path.join(out_dir, f"run{run}-shard{k}.json") for k in range(count)]
-    procs = [subprocess.Popen([sys.executable, script, address, str(k), str(count), outs[k]],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for k in range(count)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script, address, str(k), str(count), outs[k]],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for k in range(count)
+    ]
     try:
         for proc in procs:
             output, _ = proc.communicate(timeout=240)
@@ -160,5 +175,7 @@ def test_node_lost_mid_epoch_goes_on_at_reduced_parallelism_exactly_once(nodes, 
         lost = set(pool._lost_nodes)
     assert sorted(np.concatenate(ids).tolist()) == list(range(n))
     assert lost == {nodes["second"]}
-    print(f"\nnode lost mid-epoch: longest wait for a batch after the kill {max(gaps):.2f}s; "
-          f"epoch done {last - killed:.2f}s after the kill")
+    print(
+        f"\nnode lost mid-epoch: longest wait for a batch after the kill {max(gaps):.2f}s; "
+        f"epoch done {last - killed:.2f}s after the kill"
+    )

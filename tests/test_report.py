@@ -6,6 +6,7 @@ label_noise comes from a real (numpy) training run with planted flips, quarantin
 loader run under on_error="skip"; quality, duplicates and excluded are hand-made in the contract's
 shape (another part of steadyfeed emits them), with thumbnails from a source and from files.
 """
+
 from __future__ import annotations
 
 import html
@@ -38,7 +39,7 @@ def images(seed: int = 0):
     truth = rng.integers(0, CLASSES, N)
     x = rng.normal(0.2, 0.1, size=(N, SIDE, SIDE)).astype(np.float32)
     for c in range(CLASSES):
-        x[truth == c, 2 * c: 2 * c + 2, :] += 1.0
+        x[truth == c, 2 * c : 2 * c + 2, :] += 1.0
     flipped = rng.choice(N, N // 10, replace=False)
     given = truth.copy()
     given[flipped] = (truth[flipped] + 1 + rng.integers(0, CLASSES - 1, len(flipped))) % CLASSES
@@ -100,14 +101,36 @@ def page(tmp_path_factory):
     findings = findings_io.merge(
         {"label_noise": noise},
         quarantine_findings(x),
-        {"quality": {"checks": {"blur": {"threshold": 12.5, "flagged": [
-            {"id": 5, "score": 1.5, "label": 2}, {"id": 9, "score": 3.25, "label": 0},
-            {"id": 10 ** 6, "score": 4.0, "file": files[0]}]},  # not in the source: its file
-            "dark": {"threshold": 0.1, "flagged": [{"id": 7, "score": 0.01, "file": files[1], "label": EVIL}]}},
-            "per_class": {"0": {"blur": 1}, "2": {"blur": 1, "dark": 1}}}},
-        {"duplicates": [{"a": 1, "b": 2, "distance": 0, "split_a": "train", "split_b": "val"},
-                        {"a": 11, "b": 12, "distance": 3, "a_file": files[1], "b_file": files[2],
-                         "split_a": "elsewhere", "split_b": "elsewhere"}]},
+        {
+            "quality": {
+                "checks": {
+                    "blur": {
+                        "threshold": 12.5,
+                        "flagged": [
+                            {"id": 5, "score": 1.5, "label": 2},
+                            {"id": 9, "score": 3.25, "label": 0},
+                            {"id": 10**6, "score": 4.0, "file": files[0]},
+                        ],
+                    },  # not in the source: its file
+                    "dark": {"threshold": 0.1, "flagged": [{"id": 7, "score": 0.01, "file": files[1], "label": EVIL}]},
+                },
+                "per_class": {"0": {"blur": 1}, "2": {"blur": 1, "dark": 1}},
+            }
+        },
+        {
+            "duplicates": [
+                {"a": 1, "b": 2, "distance": 0, "split_a": "train", "split_b": "val"},
+                {
+                    "a": 11,
+                    "b": 12,
+                    "distance": 3,
+                    "a_file": files[1],
+                    "b_file": files[2],
+                    "split_a": "elsewhere",
+                    "split_b": "elsewhere",
+                },
+            ]
+        },
         {"excluded": [{"id": 3, "reason": "quarantined"}, {"id": 42, "reason": EVIL}]},
     )
     out = root / "report.html"
@@ -145,8 +168,14 @@ def test_an_empty_findings_page_says_so():
 
 
 def test_a_thumbnail_that_cannot_be_made_says_why():
-    text = render({"excluded": [], "quality": {"checks": {"blur": {"threshold": 1, "flagged": [
-        {"id": 0, "score": 1, "file": "/nonexistent/x.png"}]}}}})
+    text = render(
+        {
+            "excluded": [],
+            "quality": {
+                "checks": {"blur": {"threshold": 1, "flagged": [{"id": 0, "score": 1, "file": "/nonexistent/x.png"}]}}
+            },
+        }
+    )
     assert "no image: FileNotFoundError" in text
 
 
@@ -176,8 +205,13 @@ def chromium() -> str:
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         pytest.skip("no chromium, and apt-get install -y chromium needs root here")
     try:
-        subprocess.run(["apt-get", "install", "-y", "chromium"], capture_output=True, timeout=600, check=True,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        subprocess.run(
+            ["apt-get", "install", "-y", "chromium"],
+            capture_output=True,
+            timeout=600,
+            check=True,
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        )
     except (subprocess.SubprocessError, OSError) as exc:
         pytest.skip(f"chromium is missing and apt-get install -y chromium failed: {exc}")
     found = shutil.which("chromium")
@@ -191,9 +225,22 @@ def test_in_a_headless_browser_every_image_decodes_and_every_section_shows(page,
     browser = chromium()
     probed = tmp_path / "probed.html"
     probed.write_text(page["path"].read_text().replace("</body>", _PROBE + "</body>"))
-    done = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000",
-                           "--dump-dom", probed.as_uri()], capture_output=True, text=True, timeout=BROWSER_TIMEOUT)
+    done = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            probed.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=BROWSER_TIMEOUT,
+    )
     match = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout, re.S)
     assert match, f"rc {done.returncode}; no probe in the DOM:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
     seen = json.loads(html.unescape(match.group(1)))
@@ -215,8 +262,12 @@ def test_the_report_command_writes_the_page(page, tmp_path):
     saved = tmp_path / "findings.json"
     findings_io.save(saved, page["findings"])
     out = tmp_path / "cli.html"
-    done = subprocess.run([sys.executable, "-m", "steadyfeed.tools.cli", "report", str(saved), "-o", str(out),
-                           "--title", "from the CLI"], capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, "-m", "steadyfeed.tools.cli", "report", str(saved), "-o", str(out), "--title", "from the CLI"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr
     text = out.read_text()
     assert "<title>from the CLI</title>" in text and 'id="quarantine"' in text
@@ -224,25 +275,42 @@ def test_the_report_command_writes_the_page(page, tmp_path):
     assert text.count('class="thumb"') == 4
     # with data (SPEC after the flags, as before them), the suspects get their thumbnails from it
     spec = tmp_path / "data.py"
-    spec.write_text("import numpy as np\nimport steadyfeed as sf\n\n"
-                    f"def train():\n    return sf.ArraySource(x=np.ones(({N}, {SIDE}, {SIDE}), np.float32))\n")
-    done = subprocess.run([sys.executable, "-m", "steadyfeed.tools.cli", "report", str(saved), "-o", str(out),
-                           f"{spec}:train"], capture_output=True, text=True, timeout=240)
+    spec.write_text(
+        "import numpy as np\nimport steadyfeed as sf\n\n"
+        f"def train():\n    return sf.ArraySource(x=np.ones(({N}, {SIDE}, {SIDE}), np.float32))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "steadyfeed.tools.cli", "report", str(saved), "-o", str(out), f"{spec}:train"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr
     shown = min(len(page["findings"]["label_noise"]["suspects"]), ReportOptions.rows)
     assert out.read_text().count('class="thumb"') == shown + 4 + 3  # + quality's 4, pairs: a "train" side, 2 files
-    bad = subprocess.run([sys.executable, "-m", "steadyfeed.tools.cli", "report", str(tmp_path / "none.json"),
-                          "-o", str(out)], capture_output=True, text=True, timeout=240)
+    bad = subprocess.run(
+        [sys.executable, "-m", "steadyfeed.tools.cli", "report", str(tmp_path / "none.json"), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert bad.returncode == 2 and "none.json" in bad.stderr
-    unwritable = subprocess.run([sys.executable, "-m", "steadyfeed.tools.cli", "report", str(saved), "-o",
-                                 str(saved / "no" / "page.html")], capture_output=True, text=True, timeout=240)
+    unwritable = subprocess.run(
+        [sys.executable, "-m", "steadyfeed.tools.cli", "report", str(saved), "-o", str(saved / "no" / "page.html")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert unwritable.returncode == 1 and "cannot write" in unwritable.stderr
 
 
 def test_findings_merge_concatenates_lists_and_joins_quality_checks(tmp_path):
     a = {"quarantine": [{"id": 1, "error": "E"}], "quality": {"checks": {"blur": {"flagged": []}}}}
-    b = {"quarantine": [{"id": 1, "error": "E"}, {"id": 2, "error": "F"}],
-         "quality": {"checks": {"dark": {"flagged": []}}, "per_class": {"0": {"dark": 0}}}, "label_noise": {"x": 1}}
+    b = {
+        "quarantine": [{"id": 1, "error": "E"}, {"id": 2, "error": "F"}],
+        "quality": {"checks": {"dark": {"flagged": []}}, "per_class": {"0": {"dark": 0}}},
+        "label_noise": {"x": 1},
+    }
     merged = findings_io.merge(a, b)
     assert [q["id"] for q in merged["quarantine"]] == [1, 2]
     assert set(merged["quality"]["checks"]) == {"blur", "dark"} and merged["quality"]["per_class"] == {"0": {"dark": 0}}

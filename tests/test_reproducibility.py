@@ -1,10 +1,10 @@
 """Same seed, bit-identical batches for any worker count and mode; streams never collide."""
+
 import numpy as np
 import pytest
+from helpers import epoch_digest, noisy, paired_source
 
 from steadyfeed import Loader, WeightedSampler, sample_rng
-
-from helpers import epoch_digest, noisy, paired_source
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -13,8 +13,9 @@ SETTINGS = [(0, "thread"), (1, "thread"), (2, "thread"), (4, "thread"), (1, "pro
 
 def digests(workers, mode, seed=7, epochs=(0, 1), **kw):
     kw.setdefault("shuffle", "sampler" not in kw)
-    with Loader(paired_source(500), 32, seed=seed, transform=noisy, workers=workers, mode=mode,
-                with_ids=True, **kw) as loader:
+    with Loader(
+        paired_source(500), 32, seed=seed, transform=noisy, workers=workers, mode=mode, with_ids=True, **kw
+    ) as loader:
         return [epoch_digest(loader.epoch(e)) for e in epochs]
 
 

@@ -1,24 +1,26 @@
 """Stop after k batches, restore into a loader with other workers/mode: the rest is identical."""
+
 import json
 
 import numpy as np
 import pytest
+from helpers import epoch_digest, noisy, paired_source
 
 from steadyfeed import Loader
-
-from helpers import epoch_digest, noisy, paired_source
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def make(workers=0, mode="thread", **kw):
-    return Loader(paired_source(300), 16, shuffle=True, seed=11, transform=noisy, workers=workers, mode=mode,
-                  with_ids=True, **kw)
+    return Loader(
+        paired_source(300), 16, shuffle=True, seed=11, transform=noisy, workers=workers, mode=mode, with_ids=True, **kw
+    )
 
 
 @pytest.mark.parametrize("k", [0, 3, 18, 19])
-@pytest.mark.parametrize("saver,restorer", [((0, "thread"), (2, "process")), ((2, "process"), (3, "thread")),
-                                            ((2, "thread"), (0, "thread"))])
+@pytest.mark.parametrize(
+    "saver,restorer", [((0, "thread"), (2, "process")), ((2, "process"), (3, "thread")), ((2, "thread"), (0, "thread"))]
+)
 def test_resume_mid_epoch_into_other_settings(k, saver, restorer, no_leaks):
     with make() as loader:
         reference = list(loader.epoch(1))  # uninterrupted epoch 1

@@ -1,10 +1,10 @@
 """The weighted / class-balanced sampler is deterministic per (seed, epoch) and balances."""
+
 import numpy as np
 import pytest
+from helpers import paired_source
 
 from steadyfeed import Loader, WeightedSampler
-
-from helpers import paired_source
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -70,4 +70,4 @@ def test_each_draw_is_computed_on_its_own_from_the_weights_alone():
     np.testing.assert_array_equal(order.take(positions), [order.take([p])[0] for p in positions])
     assert len(order) == 10**12 and order.cdf is sampler._cdf  # the weights' cumulative sums, shared
     with Loader(paired_source(1000), 64, sampler=sampler) as loader:
-        assert len(loader) == -(-10**12 // 64)
+        assert len(loader) == -(-(10**12) // 64)

@@ -5,6 +5,7 @@ scripts: finish tasks in any order, lose a worker at a given position or stage, 
 back a stale result. So the scheduler's fault bookkeeping is tested on its own, exactly,
 independent of threads, processes and timing.
 """
+
 import itertools
 
 import numpy as np
@@ -62,12 +63,27 @@ class ScriptedPool:
 
 
 def run(pool, n=24, batch_size=4, retries=0, stop_on_failure=False, prefetch=3, max_blameless_deaths=3):
-    plan = build_plan(np.arange(n, dtype=np.int64), batch_size=batch_size, shard_index=0, shard_count=1,
-                      last_batch="partial", with_draws=False)
-    epoch = EpochRun(pool, plan, epoch=0, start=0, prefetch=prefetch, retries=retries,
-                     stop_on_failure=stop_on_failure, task_ids=itertools.count(),
-                     max_blameless_deaths=max_blameless_deaths, stats=LoaderStats(),
-                     handoff=FixedHandoff(to_workers=True))
+    plan = build_plan(
+        np.arange(n, dtype=np.int64),
+        batch_size=batch_size,
+        shard_index=0,
+        shard_count=1,
+        last_batch="partial",
+        with_draws=False,
+    )
+    epoch = EpochRun(
+        pool,
+        plan,
+        epoch=0,
+        start=0,
+        prefetch=prefetch,
+        retries=retries,
+        stop_on_failure=stop_on_failure,
+        task_ids=itertools.count(),
+        max_blameless_deaths=max_blameless_deaths,
+        stats=LoaderStats(),
+        handoff=FixedHandoff(to_workers=True),
+    )
     return list(epoch)
 
 
@@ -84,6 +100,7 @@ def once(predicate, answer):
             used.append(task)
             return answer
         return None
+
     return script
 
 
@@ -108,9 +125,14 @@ def test_a_lost_worker_charges_its_sample_and_reruns_the_batch_within_retries():
 def test_past_retries_the_sample_fails_for_good_and_the_rest_of_its_batch_survives(cause, error_type):
     pool = ScriptedPool(once(lambda t: t.spec.index == 1, (2, cause)))
     outcomes = run(pool, retries=0)
-    failure, = outcomes[1].failures
-    assert (failure.sample_id, failure.position, failure.attempts, failure.error_type, failure.cause) == \
-        (6, 2, 1, error_type, cause)
+    (failure,) = outcomes[1].failures
+    assert (failure.sample_id, failure.position, failure.attempts, failure.error_type, failure.cause) == (
+        6,
+        2,
+        1,
+        error_type,
+        cause,
+    )
     assert ids(outcomes)[1] == [4, 5, 7]  # re-run without the failed sample
     assert [t.excluded for t in pool.submitted if t.spec.index == 1] == [frozenset(), frozenset({2})]
 
@@ -145,12 +167,16 @@ def test_workers_that_keep_dying_without_progress_raise_instead_of_respawning_fo
 
 def test_a_stale_result_of_a_rerun_task_is_ignored():
     """A worker reported lost may still deliver its old task; only the re-run's result counts."""
+
     class LateResult(ScriptedPool):
         def wait(self, timeout):
             events = super().wait(timeout)
             lost = [e for e in events if isinstance(e, Lost)]
-            stale = [Done(BatchResult(t.task_id, t.spec.index, {"id": np.array([-7])}, (), {})) for e in lost
-                     for t in e.tasks]
+            stale = [
+                Done(BatchResult(t.task_id, t.spec.index, {"id": np.array([-7])}, (), {}))
+                for e in lost
+                for t in e.tasks
+            ]
             return events + stale
 
     outcomes = run(LateResult(once(lambda t: t.spec.index == 2, (0, "died"))), retries=1)

@@ -1,11 +1,12 @@
 """Shards are disjoint, complete, give equal batch counts under drop/pad, and mask padding."""
+
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from helpers import assert_paired, paired_source
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from steadyfeed import Loader
-
-from helpers import assert_paired, paired_source
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -13,8 +14,17 @@ pytestmark = pytest.mark.timeout(120)
 def shard_batches(n, batch_size, shard_count, last_batch, seed=0, workers=0):
     out = []
     for r in range(shard_count):
-        with Loader(paired_source(n), batch_size, shuffle=True, seed=seed, shard_index=r, shard_count=shard_count,
-                    last_batch=last_batch, with_ids=True, workers=workers) as loader:
+        with Loader(
+            paired_source(n),
+            batch_size,
+            shuffle=True,
+            seed=seed,
+            shard_index=r,
+            shard_count=shard_count,
+            last_batch=last_batch,
+            with_ids=True,
+            workers=workers,
+        ) as loader:
             batches = list(loader)
             assert len(batches) == len(loader)
             out.append(batches)
@@ -27,8 +37,13 @@ def real_ids(batches):
 
 
 @settings(max_examples=80, deadline=None)
-@given(n=st.integers(0, 200), batch_size=st.integers(1, 17), shard_count=st.integers(1, 5),
-       last_batch=st.sampled_from(["partial", "drop", "pad"]), seed=st.integers(0, 1000))
+@given(
+    n=st.integers(0, 200),
+    batch_size=st.integers(1, 17),
+    shard_count=st.integers(1, 5),
+    last_batch=st.sampled_from(["partial", "drop", "pad"]),
+    seed=st.integers(0, 1000),
+)
 def test_shards_disjoint_complete_and_balanced(n, batch_size, shard_count, last_batch, seed):
     shards = shard_batches(n, batch_size, shard_count, last_batch, seed)
     per_shard = [real_ids(b) for b in shards]

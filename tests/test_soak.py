@@ -5,6 +5,7 @@ once), and RSS, fds, threads, children and /dev/shm entries flat from epoch 10 t
 
 The chaos is paced by batches delivered, not by the clock, so what it does is the same on a
 slow machine; every assertion is about outcomes."""
+
 import os
 import sys
 
@@ -21,8 +22,17 @@ EPOCHS = soak.FLAT_FROM + 12
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("mode", ["thread", "process"])
 def test_short_soak_with_faults_is_exactly_once_and_flat(mode, no_leaks):
-    result = soak.soak(mode, epochs=EPOCHS, n=240, width=16, batch_size=12, workers=2, seed=19, every=3,
-                       kill_every=40 if mode == "thread" else 80)
+    result = soak.soak(
+        mode,
+        epochs=EPOCHS,
+        n=240,
+        width=16,
+        batch_size=12,
+        workers=2,
+        seed=19,
+        every=3,
+        kill_every=40 if mode == "thread" else 80,
+    )
     assert result.problems == []
     assert {k: f for k, f in result.flat.items() if not f["flat"]} == {}
     # the chaos happened: workers killed (new processes started), samples made to raise and quarantined

@@ -1,5 +1,6 @@
 """CsvSource: a cached row-offset index gives csv.reader's rows by random access, and bad rows
 are named by file and line."""
+
 import csv
 import json
 import os
@@ -9,12 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import psutil
 import pytest
+from helpers import assert_paired, epoch_digest, label_of
 
 from steadyfeed import DataError, Loader, SampleError
 from steadyfeed.sources import csv_rows
 from steadyfeed.sources.csv_rows import SUFFIX, CsvSource
-
-from helpers import assert_paired, epoch_digest, label_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -58,6 +58,7 @@ def unicode_dir(tmp_path):
 
 
 # -- the index: rows equal csv.reader's ---------------------------------------------------------
+
 
 @pytest.mark.parametrize("newline", ["\n", "\r\n"])
 @pytest.mark.parametrize("trailing", ["", "\n", "\n\n"])
@@ -139,6 +140,7 @@ def test_utf8_bom_and_headerless_positions(tmp_path):
 
 # -- the cache ------------------------------------------------------------------------------------
 
+
 def counting_scanners(monkeypatch):
     calls = []
     for name in ("_scan_newlines", "_scan_records"):
@@ -204,6 +206,7 @@ def test_a_file_changed_after_indexing_is_refused(tmp_path):
 
 # -- errors name the file, the line and what was expected ----------------------------------------
 
+
 def test_construction_errors(tmp_path):
     path = write(tmp_path / "h.csv", "a,b,c\n1,2,3\n")
     with pytest.raises(DataError, match=r"expected columns \['x', 'z'\] in the header, available: \['a', 'b', 'c'\]"):
@@ -237,21 +240,35 @@ def test_runaway_rows_are_refused_at_indexing(tmp_path):
         CsvSource(write(tmp_path / "l.csv", "a\n1\n" + "9" * 200 + "\n"), a="a", max_row_bytes=64)
 
 
-@pytest.mark.parametrize("row,dtype,expected", [
-    ("1,2", "float32", "expected 3 fields (as in the header), found 2"),
-    ("1,2,3,4", "float32", "expected 3 fields (as in the header), found 4"),
-    ("1,abc,3", "float32", "column 'b': expected float32, found 'abc'; text labels read as class ids with "
-                           "dtypes={'v': 'class'}"),
-    ("1,1e40,3", "float32", "column 'b': expected float32, found '1e40' (out of range)"),
-    ("1,3.5,3", "int64", "column 'b': expected int64, found '3.5'"),
-    ("1,300,3", "int8", "column 'b': expected int8, found '300' (out of range)"),
-    ("1,,3", "int64", "column 'b': missing value '': int64 has no NaN; pass fill={'v': value} for missing values, "
-                      "or read it as float32 (NaN)"),
-    ("1,NA,3", "int16", "column 'b': missing value 'NA': int16 has no NaN; pass fill={'v': value} for missing "
-                        "values, or read it as float32 (NaN)"),
-    ("1,2.0001,3", "int64", "column 'b': expected int64, found '2.0001'"),
-    ("1,128.0,3", "int8", "column 'b': expected int8, found '128.0' (out of range)"),
-])
+@pytest.mark.parametrize(
+    "row,dtype,expected",
+    [
+        ("1,2", "float32", "expected 3 fields (as in the header), found 2"),
+        ("1,2,3,4", "float32", "expected 3 fields (as in the header), found 4"),
+        (
+            "1,abc,3",
+            "float32",
+            "column 'b': expected float32, found 'abc'; text labels read as class ids with dtypes={'v': 'class'}",
+        ),
+        ("1,1e40,3", "float32", "column 'b': expected float32, found '1e40' (out of range)"),
+        ("1,3.5,3", "int64", "column 'b': expected int64, found '3.5'"),
+        ("1,300,3", "int8", "column 'b': expected int8, found '300' (out of range)"),
+        (
+            "1,,3",
+            "int64",
+            "column 'b': missing value '': int64 has no NaN; pass fill={'v': value} for missing values, "
+            "or read it as float32 (NaN)",
+        ),
+        (
+            "1,NA,3",
+            "int16",
+            "column 'b': missing value 'NA': int16 has no NaN; pass fill={'v': value} for missing "
+            "values, or read it as float32 (NaN)",
+        ),
+        ("1,2.0001,3", "int64", "column 'b': expected int64, found '2.0001'"),
+        ("1,128.0,3", "int8", "column 'b': expected int8, found '128.0' (out of range)"),
+    ],
+)
 def test_bad_rows_name_file_line_and_expectation(tmp_path, row, dtype, expected):
     path = write(tmp_path / "bad.csv", f'a,b,c\n1,2,3\n"multi\nline",5,6\n{row}\n7,8,9\n')
     src = CsvSource(path, v=["a", "b"] if dtype == "float32" else "b", dtypes={"v": dtype})
@@ -272,8 +289,9 @@ def test_bad_rows_through_the_loader_raise_or_are_quarantined(tmp_path, no_leaks
             list(loader)
     assert info.value.sample_id == 5 and info.value.location == f"{path}:9"  # rows 0 and 3 take two lines
     assert f"{path}:9: expected 6 fields (as in the header), found 5" in str(info.value)
-    with Loader(paired(path), 4, shuffle=True, workers=2, mode="thread", on_error="skip",
-                max_error_fraction=0.5, with_ids=True) as loader:
+    with Loader(
+        paired(path), 4, shuffle=True, workers=2, mode="thread", on_error="skip", max_error_fraction=0.5, with_ids=True
+    ) as loader:
         batches = list(loader)
         report = loader.quarantine_report()
     ids = np.concatenate([b["id"] for b in batches])
@@ -283,6 +301,7 @@ def test_bad_rows_through_the_loader_raise_or_are_quarantined(tmp_path, no_leaks
 
 
 # -- through the loader, and across processes ----------------------------------------------------
+
 
 @pytest.mark.parametrize("mode,shuffle", [("thread", True), ("process", False)])
 def test_exactly_once_and_paired(unicode_dir, no_leaks, mode, shuffle):
@@ -333,20 +352,29 @@ def test_utf_8_sig_is_read_like_utf_8_with_its_byte_order_mark(tmp_path):
 # -- files as pandas writes them ----------------------------------------------------------------------
 def test_reads_what_dataframe_to_csv_writes_as_read_csv_reads_it(tmp_path):
     pd = pytest.importorskip("pandas")
-    frame = pd.DataFrame({"a": [1.5, np.nan, 3.25, 4.0, np.nan], "n": [1, 2, None, 4, 5],
-                          "label": ["cat", 'dog, "big"', "cat", None, "multi\nline"], "i": [1, 2, 3, 4, 5]})
+    frame = pd.DataFrame(
+        {
+            "a": [1.5, np.nan, 3.25, 4.0, np.nan],
+            "n": [1, 2, None, 4, 5],
+            "label": ["cat", 'dog, "big"', "cat", None, "multi\nline"],
+            "i": [1, 2, 3, 4, 5],
+        }
+    )
     path = tmp_path / "frame.csv"
     frame.to_csv(path)  # with its index column, NaN as "", quotes where needed
     theirs = pd.read_csv(path)
     src = CsvSource(str(path), x=["a", "n"], y="label", i="i", dtypes={"y": "class", "i": "int64"}, fill={"y": -1})
-    assert src.classes == ['cat', 'dog, "big"', "multi\nline"] and src.class_to_label["cat"] == 0
+    assert src.classes == ["cat", 'dog, "big"', "multi\nline"] and src.class_to_label["cat"] == 0
     assert len(src) == len(theirs) == 5
     for k in range(5):
         np.testing.assert_array_equal(src[k]["x"], theirs[["a", "n"]].to_numpy(np.float32)[k])  # NaN where pandas
         label = theirs["label"][k]
         assert int(src[k]["y"]) == (-1 if pd.isna(label) else src.classes.index(label))
-    with pytest.raises(DataError, match=r"frame.csv:4: column 'n': missing value '': int64 has no NaN; "
-                                        r"pass fill=\{'n': value\}"):
+    with pytest.raises(
+        DataError,
+        match=r"frame.csv:4: column 'n': missing value '': int64 has no NaN; "
+        r"pass fill=\{'n': value\}",
+    ):
         CsvSource(str(path), n="n", dtypes={"n": "int64"})[2]
     assert int(CsvSource(str(path), n="n", dtypes={"n": "int64"})[1]["n"]) == 2  # "2.0", as pandas wrote it
     with pytest.raises(DataError, match="column 'label': missing value '': class names has no NaN"):
@@ -372,8 +400,9 @@ def test_other_delimiters_and_utf_8_sig_from_pandas_and_the_cli(tmp_path, sep, f
     pd.DataFrame({"é": [0.5, 1.5], "y": ["b", "a"]}).to_csv(path, sep=sep, index=False, encoding="utf-8-sig")
     src = CsvSource(str(path), x=["é"], y="y", dtypes={"y": "class"}, delimiter=sep, encoding="utf-8-sig")
     assert src.classes == ["a", "b"] and [int(src[k]["y"]) for k in range(2)] == [1, 0]
-    code = main(["inspect", "--csv", str(path), "--x", "é", "--y", "y", "--dtype", "y=class", "--delimiter", flag,
-                 "--json"])
+    code = main(
+        ["inspect", "--csv", str(path), "--x", "é", "--y", "y", "--dtype", "y=class", "--delimiter", flag, "--json"]
+    )
     assert code == 0 and json.loads(capsys.readouterr().out)["count"] == 2
 
 
@@ -384,8 +413,15 @@ def test_class_keys_are_exactly_once_and_identical_across_workers(tmp_path, no_l
     pd.DataFrame({"x": np.arange(40.0), "y": [names[i % 4] for i in range(40)]}).to_csv(path, index=False)
     digests = []
     for workers, mode in ((0, "thread"), (2, "thread"), (2, "process")):
-        with Loader(CsvSource(str(path), x="x", y="y", dtypes={"y": "class"}), 6, shuffle=True, seed=1,
-                    workers=workers, mode=mode, with_ids=True) as loader:
+        with Loader(
+            CsvSource(str(path), x="x", y="y", dtypes={"y": "class"}),
+            6,
+            shuffle=True,
+            seed=1,
+            workers=workers,
+            mode=mode,
+            with_ids=True,
+        ) as loader:
             batches = list(loader)
         for b in batches:
             expected = [sorted(set(names)).index(names[i % 4]) for i in b["id"].tolist()]

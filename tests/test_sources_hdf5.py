@@ -1,4 +1,5 @@
 """Hdf5Source: named datasets of one HDF5 file, checked at construction, read lazily per process."""
+
 import os
 import pickle
 import subprocess
@@ -10,13 +11,13 @@ import h5py
 import numpy as np
 import psutil
 import pytest
-from hypothesis import example, given, settings, strategies as st
+from helpers import assert_paired, errors_in_threads, label_of
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from steadyfeed import DataError, Loader, SampleError
 from steadyfeed.sources import hdf5
 from steadyfeed.sources.hdf5 import Hdf5Source
-
-from helpers import assert_paired, errors_in_threads, label_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,6 +57,7 @@ def delivered(loader) -> np.ndarray:
 
 # -- what it serves ---------------------------------------------------------------------------
 
+
 def test_fields_are_named_after_the_arguments(tmp_path):
     images = np.random.default_rng(0).integers(0, 255, (50, 8, 8, 3), dtype=np.uint8)
     with h5py.File(tmp_path / "d.h5", "w") as f:
@@ -73,8 +75,11 @@ def test_fields_are_named_after_the_arguments(tmp_path):
 
 
 @pytest.mark.parametrize("gap_bytes", [0, 100, hdf5.GAP_BYTES])  # runs only; runs and spans; spans
-@pytest.mark.parametrize("layout", [{}, {"chunks": (16, WIDTH)}, {"chunks": (16, WIDTH), "compression": "gzip"}],
-                         ids=["contiguous", "chunked", "gzip"])
+@pytest.mark.parametrize(
+    "layout",
+    [{}, {"chunks": (16, WIDTH)}, {"chunks": (16, WIDTH), "compression": "gzip"}],
+    ids=["contiguous", "chunked", "gzip"],
+)
 def test_read_many_returns_per_sample_rows_for_shuffled_ids_with_repeats(tmp_path, layout, gap_bytes, monkeypatch):
     monkeypatch.setattr(hdf5, "GAP_BYTES", gap_bytes)
     src = Hdf5Source(write_paired(tmp_path / "d.h5", 300, **layout), x="/images", y="/meta/labels")
@@ -108,6 +113,7 @@ def test_concurrent_reads_from_threads_share_one_file_correctly(paired_file):
 
 # -- through the loader -----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("mode", ["thread", "process"])
 def test_exactly_once_through_the_loader_with_shuffle(paired_file, mode, no_leaks):
     src = Hdf5Source(paired_file, x="/images", y="/meta/labels")
@@ -140,6 +146,7 @@ def test_an_unreadable_chunk_fails_its_samples_naming_file_dataset_and_rows(tmp_
 
 
 # -- construction-time checks -----------------------------------------------------------------
+
 
 def test_length_mismatch_names_the_datasets_and_their_lengths(tmp_path):
     with h5py.File(tmp_path / "d.h5", "w") as f:
@@ -175,6 +182,7 @@ def test_a_non_hdf5_or_truncated_file_is_a_clear_error(paired_file, damage, what
 
 
 # -- handles ----------------------------------------------------------------------------------
+
 
 def test_pickle_carries_no_handle_and_reopens(paired_file):
     src = Hdf5Source(paired_file, x="/images", y="/meta/labels")
@@ -233,8 +241,10 @@ SWMR_WRITER = textwrap.dedent("""
 
 def test_swmr_reads_a_file_still_being_written(tmp_path, no_leaks):
     path = str(tmp_path / "live.h5")
-    with subprocess.Popen([sys.executable, "-c", SWMR_WRITER, path], stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, text=True) as writer:
+    with subprocess.Popen(
+        [sys.executable, "-c", SWMR_WRITER, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as writer:
+
         def append(name, count):
             writer.stdin.write(f"{name} {count}\n")
             writer.stdin.flush()
@@ -310,9 +320,9 @@ def raw_layouts(tmp_path_factory):
     data = {
         "contiguous": rng.standard_normal((N_RAW, 5, 3)).astype(">f4"),  # big-endian on disk
         "images": rng.integers(0, 256, (N_RAW, 64, 64, 3), dtype=np.uint8),  # 12 KB rows, in-order chunks
-        "labels": rng.integers(-2**62, 2**62, N_RAW, dtype=np.int64),  # 8-byte scalar rows, contiguous
-        "chunked_labels": rng.integers(-2**62, 2**62, N_RAW, dtype=np.int64),
-        "reversed": rng.integers(-2**15, 2**15, (N_RAW, 7), dtype=np.int16),
+        "labels": rng.integers(-(2**62), 2**62, N_RAW, dtype=np.int64),  # 8-byte scalar rows, contiguous
+        "chunked_labels": rng.integers(-(2**62), 2**62, N_RAW, dtype=np.int64),
+        "reversed": rng.integers(-(2**15), 2**15, (N_RAW, 7), dtype=np.int16),
         "interleaved_a": rng.integers(0, 2**32, (N_RAW, 3), dtype=np.uint32),
         "interleaved_b": rng.standard_normal((N_RAW, 3)),
     }
@@ -323,8 +333,10 @@ def raw_layouts(tmp_path_factory):
         f.create_dataset("chunked_labels", data=data["chunked_labels"], chunks=(16,))
         rev = f.create_dataset("reversed", (N_RAW, 7), np.int16, chunks=(8, 7))
         _write_chunks({"reversed": rev}, data, reversed(range(-(-N_RAW // 8))))
-        pair = {name: f.create_dataset(name, (N_RAW, 3), data[name].dtype, chunks=(8, 3))
-                for name in ("interleaved_a", "interleaved_b")}
+        pair = {
+            name: f.create_dataset(name, (N_RAW, 3), data[name].dtype, chunks=(8, 3))
+            for name in ("interleaved_a", "interleaved_b")
+        }
         _write_chunks(pair, data, range(-(-N_RAW // 8)))
     with h5py.File(path, "r") as f:
         read = {name: f[name][()] for name in data}  # the reference: what h5py reads
@@ -351,8 +363,9 @@ def assert_bit_exact(batch: dict, expected: dict) -> None:
 def ids_with_runs():
     """Shuffled ids: single ids and runs of consecutive ones (often across chunk boundaries),
     overlapping at times, so repeats come too."""
-    run = st.builds(lambda start, n: list(range(start, min(start + n, N_RAW))), st.integers(0, N_RAW - 1),
-                    st.integers(1, 70))
+    run = st.builds(
+        lambda start, n: list(range(start, min(start + n, N_RAW))), st.integers(0, N_RAW - 1), st.integers(1, 70)
+    )
     return st.lists(run, min_size=1, max_size=8).map(lambda runs: sum(runs, [])).flatmap(st.permutations)
 
 
@@ -368,13 +381,16 @@ def test_raw_reads_match_h5py_bit_for_bit(raw_layouts, gap_bytes, ids):
     assert_bit_exact(batch, {name: rows[ids] for name, rows in data.items()})
 
 
-@pytest.mark.parametrize("ids", [
-    [15, 16, 31, 32, 33, 8, 7],  # across chunk boundaries of every chunk size
-    [N_RAW - 1, N_RAW - 12, N_RAW - 11, 190, 191, 192],  # into and inside the partial last chunk
-    [5, 5, 5, 100, 5, 0, 100],  # repeats
-    list(range(40, 200)),  # one long run over many chunks (one read where they lie in order)
-    list(np.random.default_rng(3).permutation(N_RAW)[:32]),  # a shuffled batch
-])
+@pytest.mark.parametrize(
+    "ids",
+    [
+        [15, 16, 31, 32, 33, 8, 7],  # across chunk boundaries of every chunk size
+        [N_RAW - 1, N_RAW - 12, N_RAW - 11, 190, 191, 192],  # into and inside the partial last chunk
+        [5, 5, 5, 100, 5, 0, 100],  # repeats
+        list(range(40, 200)),  # one long run over many chunks (one read where they lie in order)
+        list(np.random.default_rng(3).permutation(N_RAW)[:32]),  # a shuffled batch
+    ],
+)
 def test_raw_reads_match_h5py_reading_the_sorted_ids(raw_layouts, ids):
     src, path, data = raw_layouts
     unique, inverse = np.unique(ids, return_inverse=True)
@@ -420,8 +436,11 @@ def test_a_file_truncated_after_opening_fails_naming_the_rows(tmp_path, ids):
     raw = _raw(src)["x"]
     assert raw.rows_per_chunk == 8 and 40 % 8 == 0
     os.truncate(path, int(raw.offsets[40 // 8]) + 20)  # mid-row 40: the first read comes back short
-    with pytest.raises(DataError, match=rf"rows 40\.\.{ids[-1]} of dataset /x end past the end of the file "
-                                        r"\(truncated since it was opened\?\)") as info:
+    with pytest.raises(
+        DataError,
+        match=rf"rows 40\.\.{ids[-1]} of dataset /x end past the end of the file "
+        r"\(truncated since it was opened\?\)",
+    ) as info:
         src.read_batch(ids[::-1])
     assert path in str(info.value)
     np.testing.assert_array_equal(src.read_batch([0, 7, 1])["x"], rows[[0, 7, 1]])  # rows before the cut still read

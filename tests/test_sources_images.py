@@ -1,4 +1,5 @@
 """ImageFolder: labels from folders, every pixel format to uint8 HxWxC, untrusted files refused, Loader-ready."""
+
 import os
 import pickle
 import struct
@@ -21,7 +22,9 @@ MODES = [(2, "thread"), (2, "process")]
 def gradient(h, w):
     """A smooth RGB image (JPEG keeps it close); every pixel differs from its neighbours."""
     yy, xx = np.mgrid[0:h, 0:w]
-    return np.stack([xx * 255 // max(w - 1, 1), yy * 255 // max(h - 1, 1), (xx + yy) * 255 // (h + w)], -1).astype(np.uint8)
+    return np.stack([xx * 255 // max(w - 1, 1), yy * 255 // max(h - 1, 1), (xx + yy) * 255 // (h + w)], -1).astype(
+        np.uint8
+    )
 
 
 def save(path, image, **options):
@@ -32,8 +35,10 @@ def save(path, image, **options):
 
 def png_bytes(width, height, bit_depth, color_type, raw=b""):
     """A PNG written by hand: any header, whatever the pixel data."""
+
     def chunk(kind, body):
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
     ihdr = struct.pack(">IIBBBBB", width, height, bit_depth, color_type, 0, 0, 0)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
 
@@ -43,7 +48,7 @@ def jpeg_claiming(path, height, width):
     save(path, gradient(8, 8), quality=90)
     data = bytearray(path.read_bytes())
     sof = data.index(b"\xff\xc0")
-    data[sof + 5: sof + 9] = struct.pack(">HH", height, width)
+    data[sof + 5 : sof + 9] = struct.pack(">HH", height, width)
     path.write_bytes(data)
     return str(path)
 
@@ -58,7 +63,9 @@ def one_image_folder(tmp_path, name, image, **options):
 def jpeg_calls(monkeypatch):
     """The keyword arguments of every simplejpeg.decode_jpeg call ImageFolder makes."""
     calls, real = [], images.simplejpeg.decode_jpeg
-    monkeypatch.setattr(images.simplejpeg, "decode_jpeg", lambda data, *a, **kw: calls.append(kw) or real(data, *a, **kw))
+    monkeypatch.setattr(
+        images.simplejpeg, "decode_jpeg", lambda data, *a, **kw: calls.append(kw) or real(data, *a, **kw)
+    )
     return calls
 
 
@@ -75,14 +82,22 @@ def test_class_folders_sorted_become_labels_and_files_are_found_recursively_in_o
     assert src.classes == ["ant", "cat", "dog"]
     assert src.class_to_label == {"ant": 0, "cat": 1, "dog": 2}
     assert [os.path.relpath(f, tmp_path) for f in src.files] == [
-        "ant/x.bmp", "cat/deep/er/z.gif", "cat/m.webp", "cat/n.tiff", "dog/A.JPG", "dog/b.png"]
+        "ant/x.bmp",
+        "cat/deep/er/z.gif",
+        "cat/m.webp",
+        "cat/n.tiff",
+        "dog/A.JPG",
+        "dog/b.png",
+    ]
     assert src.labels.tolist() == [0, 1, 1, 1, 2, 2]
     assert [int(src[i]["y"]) for i in range(len(src))] == [0, 1, 1, 1, 2, 2]
     assert src[5]["y"].dtype == np.int64 and src.locate(4) == str(tmp_path / "dog" / "A.JPG")
 
 
-@pytest.mark.parametrize("layout,error", [
-    (None, FileNotFoundError), ([], DataError), (["loose.png"], DataError), (["a/x.png", "b/notes.txt"], DataError)])
+@pytest.mark.parametrize(
+    "layout,error",
+    [(None, FileNotFoundError), ([], DataError), (["loose.png"], DataError), (["a/x.png", "b/notes.txt"], DataError)],
+)
 def test_missing_root_empty_root_no_class_folders_or_an_empty_class_are_refused(tmp_path, layout, error):
     root = tmp_path / "root"
     for rel in layout or []:
@@ -146,8 +161,11 @@ def test_16_bit_png_is_scaled_to_8_bits_not_clipped(tmp_path, kind):
 
 
 @pytest.mark.filterwarnings("error")  # Pillow warns when a palette with per-entry alpha goes straight to RGB
-@pytest.mark.parametrize("fmt,transparency", [("png", bytes([255, 128, 255, 0])), ("gif", 3)],
-                         ids=["png-alpha-per-entry", "gif-one-transparent-index"])
+@pytest.mark.parametrize(
+    "fmt,transparency",
+    [("png", bytes([255, 128, 255, 0])), ("gif", 3)],
+    ids=["png-alpha-per-entry", "gif-one-transparent-index"],
+)
 def test_palette_image_gives_its_palette_colours(tmp_path, fmt, transparency):
     colours = np.array([[255, 0, 0], [0, 255, 0], [0, 0, 255], [255, 255, 255]], np.uint8)
     index = np.arange(24, dtype=np.uint8).reshape(4, 6) % 4
@@ -229,8 +247,7 @@ def test_truncated_jpeg_raises_sample_error_naming_the_file_or_is_quarantined(tm
         list(loader)
     assert info.value.location == bad and bad in str(info.value)
     assert isinstance(info.value.__cause__, DataError) and "Premature end of JPEG file" in str(info.value)
-    with Loader(src, 3, workers=workers, mode=mode, with_ids=True, on_error="skip",
-                max_error_fraction=0.5) as loader:
+    with Loader(src, 3, workers=workers, mode=mode, with_ids=True, on_error="skip", max_error_fraction=0.5) as loader:
         ids = np.concatenate([b["id"] for b in loader])
         report = loader.quarantine_report()
     assert sorted(ids.tolist()) == [0, 1, 2, 3, 5, 6, 7, 8]
@@ -300,6 +317,7 @@ class EncodedImages:
 
 def test_an_image_folder_packed_as_encoded_records_decodes_back_to_its_own_samples(tmp_path):
     import messy
+
     from steadyfeed import TFRecordSource, decode_image, pack
 
     folder = ImageFolder(messy.image_tree(tmp_path / "tree", per_class=3), size=(12, 16))

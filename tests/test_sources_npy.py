@@ -2,6 +2,7 @@
 
 Every file is written here with np.save; every read is checked against np.load.
 """
+
 import os
 import pickle
 import subprocess
@@ -9,11 +10,10 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import assert_paired, label_of
 
 from steadyfeed import CollateError, DataError, Loader, SampleError
 from steadyfeed.sources.npy import NpyArray, NpyPairs, read_npy
-
-from helpers import assert_paired, label_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,8 +37,12 @@ def write_pairs(root, n, name=lambda i: f"{i:04d}.npy"):
 
 
 def assert_same_array(got: np.ndarray, want: np.ndarray) -> None:
-    assert (got.dtype, got.shape, got.flags.c_contiguous, got.flags.f_contiguous) == \
-        (want.dtype, want.shape, want.flags.c_contiguous, want.flags.f_contiguous)
+    assert (got.dtype, got.shape, got.flags.c_contiguous, got.flags.f_contiguous) == (
+        want.dtype,
+        want.shape,
+        want.flags.c_contiguous,
+        want.flags.f_contiguous,
+    )
     assert got.tobytes(order="A") == want.tobytes(order="A")
 
 
@@ -244,8 +248,9 @@ def test_mismatched_shapes_in_one_batch_name_both_ids_files_and_shapes(tmp_path,
         assert loader.quarantine_report() == []  # neither file is to blame
     err = info.value
     assert err.sample_ids == (0, 4) and err.locations[1].startswith(str(inputs / "0004.npy"))
-    assert (f"sample 4 ({inputs / '0004.npy'}, {labels / '0004.npy'}) has shape (2, 3) float64 but sample 0 "
-            in str(err)) and "the first of its batch, has shape (4,) float64" in str(err)
+    assert (
+        f"sample 4 ({inputs / '0004.npy'}, {labels / '0004.npy'}) has shape (2, 3) float64 but sample 0 " in str(err)
+    ) and "the first of its batch, has shape (4,) float64" in str(err)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -312,8 +317,11 @@ def test_npyarray_refuses_missing_truncated_and_object_files(big):
     with pytest.raises(DataError, match=r"y\.npy: truncated: expected 4128 bytes"):
         NpyArray(y=big / "y.npy")
     np.testing.assert_array_equal(src[0]["y"], label_of(np.arange(6, dtype=np.float32)[None])[0])  # still there
-    with pytest.raises(DataError, match=r"y\.npy: rows 499\.\.499 end past the end of the file, now 1000 bytes "
-                                        r"where its header needs 4128 \(cut short"):
+    with pytest.raises(
+        DataError,
+        match=r"y\.npy: rows 499\.\.499 end past the end of the file, now 1000 bytes "
+        r"where its header needs 4128 \(cut short",
+    ):
         src[499]  # cut after the source was built
     np.save(big / "obj.npy", np.array([None, 1], dtype=object), allow_pickle=True)
     with pytest.raises(DataError, match=r"obj\.npy: holds Python objects"):
@@ -345,8 +353,12 @@ loader.close()
 @pytest.mark.parametrize("workers,order", [(0, "C"), (2, "C"), (0, "F")])  # F: mapped, so checked between reads only
 def test_npyarray_shrunk_while_in_use_raises_naming_the_file_instead_of_crashing(tmp_path, workers, order):
     # in a child: a regression would kill the process with SIGBUS, which must not take pytest along
-    done = subprocess.run([sys.executable, "-c", SHRINK_SCRIPT, str(tmp_path / "x.npy"), str(workers), order],
-                          capture_output=True, text=True, timeout=50)
+    done = subprocess.run(
+        [sys.executable, "-c", SHRINK_SCRIPT, str(tmp_path / "x.npy"), str(workers), order],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert done.returncode == 0, f"rc {done.returncode} (SIGBUS is -7): {done.stderr[-2000:]}"
     assert done.stdout.startswith("SampleError sample ")
     assert "(row " in done.stdout and "x.npy: rows " in done.stdout

@@ -1,16 +1,16 @@
 """ParquetSource on files pyarrow writes itself: row groups read on demand, many files as one
 source, column kinds, nulls, bad input, exactly once and bit-identical across workers and modes."""
+
 import pickle
 
 import numpy as np
+import pytest
+from helpers import epoch_digest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-import pytest
 
 from steadyfeed import DataError, Loader
 from steadyfeed.sources.parquet import ParquetSource
-
-from helpers import epoch_digest
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -23,15 +23,17 @@ MODES = [(0, "thread"), (2, "thread"), (2, "process")]
 
 def table(start: int, n: int):
     ids = np.arange(start, start + n)
-    return pa.table({
-        "x": pa.array(ids.astype(np.float32)),
-        "y": pa.array(ids * 3 + 1),  # int64: a function of x, so pairs are checked
-        "vec": pa.array([[i, i + 0.5, -i] for i in ids.tolist()], pa.list_(pa.float32(), 3)),
-        "grid": pa.array([[[i, 1], [2, 3]] for i in ids.tolist()], pa.list_(pa.list_(pa.int16(), 2), 2)),
-        "tokens": pa.array([list(range(i % 4)) for i in ids.tolist()], pa.list_(pa.int64())),
-        "name": pa.array([f"row-{i}" for i in ids.tolist()]),
-        "blob": pa.array([bytes([i % 256]) * (i % 3) for i in ids.tolist()], pa.binary()),
-    })
+    return pa.table(
+        {
+            "x": pa.array(ids.astype(np.float32)),
+            "y": pa.array(ids * 3 + 1),  # int64: a function of x, so pairs are checked
+            "vec": pa.array([[i, i + 0.5, -i] for i in ids.tolist()], pa.list_(pa.float32(), 3)),
+            "grid": pa.array([[[i, 1], [2, 3]] for i in ids.tolist()], pa.list_(pa.list_(pa.int16(), 2), 2)),
+            "tokens": pa.array([list(range(i % 4)) for i in ids.tolist()], pa.list_(pa.int64())),
+            "name": pa.array([f"row-{i}" for i in ids.tolist()]),
+            "blob": pa.array([bytes([i % 256]) * (i % 3) for i in ids.tolist()], pa.binary()),
+        }
+    )
 
 
 @pytest.fixture
@@ -62,8 +64,11 @@ def test_rows_equal_what_pyarrow_reads(files):
 def test_only_the_needed_row_groups_are_read(files, monkeypatch):
     reads = []
     real = pq.ParquetFile.read_row_group
-    monkeypatch.setattr(pq.ParquetFile, "read_row_group",
-                        lambda self, i, **kw: reads.append((i, tuple(kw["columns"]))) or real(self, i, **kw))
+    monkeypatch.setattr(
+        pq.ParquetFile,
+        "read_row_group",
+        lambda self, i, **kw: reads.append((i, tuple(kw["columns"]))) or real(self, i, **kw),
+    )
     monkeypatch.setattr(pq.ParquetFile, "read", lambda *a, **k: pytest.fail("a whole file was read"))
     src = ParquetSource(files, x="x", y="y")
     batch = src.read_batch([20, 21, 70, 17])  # row group 1 of part-0, row group 1 of part-1
@@ -99,13 +104,19 @@ def test_variable_length_lists_batch_with_pad(files, no_leaks):
 
 
 def test_nulls_are_nan_in_floats_else_named_unless_filled(tmp_path):
-    pq.write_table(pa.table({"f": pa.array([1.5, None, 3.0]), "i": pa.array([1, None, 3]),
-                             "s": pa.array(["a", None, "c"])}), tmp_path / "n.parquet", row_group_size=2)
+    pq.write_table(
+        pa.table({"f": pa.array([1.5, None, 3.0]), "i": pa.array([1, None, 3]), "s": pa.array(["a", None, "c"])}),
+        tmp_path / "n.parquet",
+        row_group_size=2,
+    )
     assert np.isnan(ParquetSource(tmp_path / "n.parquet", f="f")[1]["f"])
     src = ParquetSource(tmp_path / "n.parquet")
     assert src[2]["i"] == 3
-    with pytest.raises(DataError, match=r"n.parquet row 1 \(row group 0\): column 'i' \(int64\) is null; "
-                                        r"pass fill=\{'i': value\}"):
+    with pytest.raises(
+        DataError,
+        match=r"n.parquet row 1 \(row group 0\): column 'i' \(int64\) is null; "
+        r"pass fill=\{'i': value\}",
+    ):
         src[1]
     filled = ParquetSource(tmp_path / "n.parquet", fill={"i": -1, "s": ""})
     assert int(filled[1]["i"]) == -1 and filled[1]["s"] == ""
@@ -137,7 +148,7 @@ def test_a_damaged_row_group_names_the_file_and_group(files, tmp_path):
     data = bytearray(path.read_bytes())
     meta = pq.read_metadata(path)
     start = meta.row_group(1).column(0).data_page_offset
-    data[start:start + 64] = b"\xff" * 64  # the second group's first page header
+    data[start : start + 64] = b"\xff" * 64  # the second group's first page header
     path.write_bytes(bytes(data))
     fresh = ParquetSource(path, x="x")
     assert fresh[3]["x"] == 3  # the other group reads

@@ -1,4 +1,5 @@
 """TFRecordSource: framing, CRCs, the offset index, Example decoding, concurrency, bad input, tf interop."""
+
 import glob
 import os
 import pickle
@@ -9,15 +10,20 @@ import tracemalloc
 import numpy as np
 import psutil
 import pytest
+from helpers import assert_paired, epoch_digest, errors_in_threads, paired_source
 
 from steadyfeed import DataError, Loader, SampleError
 from steadyfeed.packing import pack
-from steadyfeed.sources.tfrecord import framing as tfrecord  # scan, frame, save_index, _crc32c: patched where used
 from steadyfeed.sources.tfrecord import (
-    FeatureSpec, RecordWriter, TFRecordSource, example_classes, masked_crc, read_record, scan,
+    FeatureSpec,
+    RecordWriter,
+    TFRecordSource,
+    example_classes,
+    masked_crc,
+    read_record,
+    scan,
 )
-
-from helpers import assert_paired, epoch_digest, errors_in_threads, paired_source
+from steadyfeed.sources.tfrecord import framing as tfrecord  # scan, frame, save_index, _crc32c: patched where used
 
 pytestmark = pytest.mark.timeout(300)  # the TF-written fixture imports TensorFlow (minutes on a loaded machine)
 
@@ -44,9 +50,12 @@ def write_file(path, records) -> str:
 
 def foreign_record(i: int) -> bytes:
     """A record as TensorFlow code writes it: native lists, plus one raw-bytes array."""
-    return example(x=("float_list", [i + k / 8 for k in range(6)]), y=("int64_list", [i * 10]),
-                   jpeg=("bytes_list", [b"\xff\xd8" + bytes([i % 256]) * (i % 5)]),
-                   z=("bytes_list", [np.arange(4, dtype=np.uint16).tobytes()]))
+    return example(
+        x=("float_list", [i + k / 8 for k in range(6)]),
+        y=("int64_list", [i * 10]),
+        jpeg=("bytes_list", [b"\xff\xd8" + bytes([i % 256]) * (i % 5)]),
+        z=("bytes_list", [np.arange(4, dtype=np.uint16).tobytes()]),
+    )
 
 
 FOREIGN = {"x": ("float32", (2, 3)), "y": ("int64", ()), "jpeg": "bytes", "z": ("uint16", (4,))}
@@ -281,8 +290,9 @@ def test_corrupt_records_are_quarantined_under_skip(packed, workers, mode, no_le
     for i in (5, 200):
         path, offset, length = record_offset(src, i)
         flip_byte(path, offset + 20)
-    with Loader(TFRecordSource(packed), 16, shuffle=True, workers=workers, mode=mode, with_ids=True,
-                on_error="skip") as loader:
+    with Loader(
+        TFRecordSource(packed), 16, shuffle=True, workers=workers, mode=mode, with_ids=True, on_error="skip"
+    ) as loader:
         batches = list(loader)
         report = loader.quarantine_report()
     ids = np.concatenate([b["id"] for b in batches])
@@ -310,9 +320,12 @@ def test_a_truncated_file_reads_its_good_records_then_names_the_cut(foreign):
     src = TFRecordSource(path, features=FOREIGN)
     assert len(src) == 10 and [int(src[i]["y"]) for i in range(9)] == [i * 10 for i in range(9)]
     assert src.locate(9) == f"{path} record 9 at byte {rows[9, 0]}"
-    with pytest.raises(DataError, match=rf"a.tfrecord is truncated or damaged: record 9 at byte {rows[9, 0]} "
-                                        rf"declares {rows[9, 1]} data bytes but only 4 remain; the 9 record\(s\) "
-                                        rf"before it read"):
+    with pytest.raises(
+        DataError,
+        match=rf"a.tfrecord is truncated or damaged: record 9 at byte {rows[9, 0]} "
+        rf"declares {rows[9, 1]} data bytes but only 4 remain; the 9 record\(s\) "
+        rf"before it read",
+    ):
         src[9]
     os.truncate(path, int(rows[9, 0]) + 5)
     with pytest.raises(DataError, match="ends inside the header of record 9"):
@@ -347,20 +360,30 @@ def test_hostile_length_allocates_nothing(tmp_path):
 
 def test_missing_feature_names_file_record_and_key(foreign):
     src = TFRecordSource(str(foreign / "*.tfrecord"), features={**FOREIGN, "label": ("int64", ())})
-    with pytest.raises(DataError, match=r"record 1 at byte \d+ of .*b.tfrecord: feature 'label' is missing "
-                                        r"\(the record has \['jpeg', 'x', 'y', 'z'\]\)"):
+    with pytest.raises(
+        DataError,
+        match=r"record 1 at byte \d+ of .*b.tfrecord: feature 'label' is missing "
+        r"\(the record has \['jpeg', 'x', 'y', 'z'\]\)",
+    ):
         src[11]
     src.close()
 
 
-@pytest.mark.parametrize("key,spec,expected,found", [
-    ("x", ("float32", (2, 2)), "expected float32 (2, 2)", "found float_list with 6 value(s)"),
-    ("x", ("float32", ()), "expected float32 ()", "found float_list with 6 value(s); declare ('float32', (None,))"),
-    ("x", ("float64", (4,)), "expected float64 (4,)", "found float_list with 6 value(s)"),
-    ("y", ("bool", ()), "value 40 (at index 0) does not fit bool (0..1)", "declare a wider dtype"),
-    ("z", ("uint16", (5,)), "expected uint16 (5,): one bytes_list value of 10 raw bytes",
-     "found a bytes_list value of 8 bytes"),
-])
+@pytest.mark.parametrize(
+    "key,spec,expected,found",
+    [
+        ("x", ("float32", (2, 2)), "expected float32 (2, 2)", "found float_list with 6 value(s)"),
+        ("x", ("float32", ()), "expected float32 ()", "found float_list with 6 value(s); declare ('float32', (None,))"),
+        ("x", ("float64", (4,)), "expected float64 (4,)", "found float_list with 6 value(s)"),
+        ("y", ("bool", ()), "value 40 (at index 0) does not fit bool (0..1)", "declare a wider dtype"),
+        (
+            "z",
+            ("uint16", (5,)),
+            "expected uint16 (5,): one bytes_list value of 10 raw bytes",
+            "found a bytes_list value of 8 bytes",
+        ),
+    ],
+)
 def test_wrong_dtype_or_shape_says_expected_and_found(foreign, key, spec, expected, found):
     src = TFRecordSource(str(foreign / "a.tfrecord"), features={key: spec})
     with pytest.raises(DataError) as info:
@@ -403,8 +426,9 @@ def test_a_missing_optional_dependency_says_what_to_install(monkeypatch):
 
 # -- TensorFlow interop (skipped without tensorflow) ----------------------------------------------
 def test_tf_data_reads_packed_shards(packed):
-    tf = pytest.importorskip("tensorflow", reason="tensorflow is not installed (pip install 'steadyfeed[tf]')",
-                             exc_type=ImportError)
+    tf = pytest.importorskip(
+        "tensorflow", reason="tensorflow is not installed (pip install 'steadyfeed[tf]')", exc_type=ImportError
+    )
     import json
 
     manifest = json.loads((packed / "manifest.json").read_text())
@@ -423,20 +447,26 @@ def test_tf_data_reads_packed_shards(packed):
 
 
 def test_reads_files_written_by_tensorflow(tmp_path):
-    tf = pytest.importorskip("tensorflow", reason="tensorflow is not installed (pip install 'steadyfeed[tf]')",
-                             exc_type=ImportError)
+    tf = pytest.importorskip(
+        "tensorflow", reason="tensorflow is not installed (pip install 'steadyfeed[tf]')", exc_type=ImportError
+    )
     path = str(tmp_path / "tf.tfrecord")
     with tf.io.TFRecordWriter(path) as writer:
         for i in range(5):
-            ex = tf.train.Example(features=tf.train.Features(feature={
-                "x": tf.train.Feature(float_list=tf.train.FloatList(value=[i, i + 0.5])),
-                "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
-                "s": tf.train.Feature(bytes_list=tf.train.BytesList(value=[f"n{i}".encode()])),
-            }))
+            ex = tf.train.Example(
+                features=tf.train.Features(
+                    feature={
+                        "x": tf.train.Feature(float_list=tf.train.FloatList(value=[i, i + 0.5])),
+                        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+                        "s": tf.train.Feature(bytes_list=tf.train.BytesList(value=[f"n{i}".encode()])),
+                    }
+                )
+            )
             writer.write(ex.SerializeToString())
     src = TFRecordSource(path, features={"x": ("float32", (2,)), "y": ("int64", ()), "s": "str"})
-    assert [(s["x"].tolist(), int(s["y"]), s["s"]) for s in (src[i] for i in range(5))] == \
-        [([i, i + 0.5], i, f"n{i}") for i in range(5)]
+    assert [(s["x"].tolist(), int(s["y"]), s["s"]) for s in (src[i] for i in range(5))] == [
+        ([i, i + 0.5], i, f"n{i}") for i in range(5)
+    ]
     src.close()
 
 
@@ -466,10 +496,12 @@ def tf_written(tmp_path_factory):
         options = tf.io.TFRecordOptions(compression_type=compression)
         with tf.io.TFRecordWriter(str(root / f"train-{compression or 'NONE'}.tfrecord"), options) as writer:
             for i in range(TF_RECORDS):
-                feature = {"image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[png_bytes(i)])),
-                           "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 5])),
-                           "tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=list(range(i % 4)))),
-                           "box": tf.train.Feature(float_list=tf.train.FloatList(value=[i, 0.5, 1, 2]))}
+                feature = {
+                    "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[png_bytes(i)])),
+                    "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 5])),
+                    "tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=list(range(i % 4)))),
+                    "box": tf.train.Feature(float_list=tf.train.FloatList(value=[i, 0.5, 1, 2])),
+                }
                 if i % 2 == 0:
                     feature["weight"] = tf.train.Feature(float_list=tf.train.FloatList(value=[i / 10]))
                 writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
@@ -495,9 +527,13 @@ def test_reads_what_tensorflow_writes_with_every_compression_inferring_the_featu
     path = str(tf_copy / f"train-{compression or 'NONE'}.tfrecord")
     src = TFRecordSource(path)
     assert src.compressions == [compression]
-    assert src.specs == {"box": FeatureSpec("float32", (4,)), "image/class/label": FeatureSpec("int64", ()),
-                         "image/encoded": FeatureSpec("bytes"), "tokens": FeatureSpec("int64", (None,)),
-                         "weight": FeatureSpec("float32", ())}
+    assert src.specs == {
+        "box": FeatureSpec("float32", (4,)),
+        "image/class/label": FeatureSpec("int64", ()),
+        "image/encoded": FeatureSpec("bytes"),
+        "tokens": FeatureSpec("int64", (None,)),
+        "weight": FeatureSpec("float32", ()),
+    }
     assert TFRecordSource(path, compression=compression or "NONE").compressions == [compression]  # given
     for i in (0, 7, TF_RECORDS - 1):  # random access, in any order
         sample = TFRecordSource(path, features={k: v for k, v in src.specs.items() if k != "weight"})[i]
@@ -539,12 +575,12 @@ def test_the_decompressed_copy_is_made_once_and_again_when_the_file_changes(tf_c
 
 
 @pytest.mark.parametrize("workers,mode", [(2, "thread"), (2, "process")])
-def test_compressed_records_are_read_once_and_bit_identical_across_workers_and_modes(tf_copy, workers, mode,
-                                                                                     no_leaks):
+def test_compressed_records_are_read_once_and_bit_identical_across_workers_and_modes(tf_copy, workers, mode, no_leaks):
     def run(w, m):
         src = TFRecordSource(str(tf_copy / "train-ZLIB.tfrecord"), defaults={"weight": 0.0})  # odd records lack it
-        with Loader(src, 5, transform=decode_to_xy, collate="pad", shuffle=True, seed=4, workers=w, mode=m,
-                    with_ids=True) as loader:
+        with Loader(
+            src, 5, transform=decode_to_xy, collate="pad", shuffle=True, seed=4, workers=w, mode=m, with_ids=True
+        ) as loader:
             return list(loader)
 
     batches = run(workers, mode)
@@ -559,7 +595,7 @@ def test_compressed_records_are_read_once_and_bit_identical_across_workers_and_m
 def test_a_cut_tail_reads_every_good_record_then_raises_or_is_quarantined(tf_copy, compression, no_leaks):
     path = tf_copy / f"train-{compression or 'NONE'}.tfrecord"
     data = path.read_bytes()
-    path.write_bytes(data[:len(data) - 30])  # inside the last record (and the stream's trailer)
+    path.write_bytes(data[: len(data) - 30])  # inside the last record (and the stream's trailer)
     src = TFRecordSource(str(path), features={"image/class/label": "int64"})
     good = len(src) - 1
     assert TF_RECORDS - 3 <= good < TF_RECORDS  # what tf.data reads before its DataLossError
@@ -568,31 +604,43 @@ def test_a_cut_tail_reads_every_good_record_then_raises_or_is_quarantined(tf_cop
     with pytest.raises(DataError, match=rf"{what}.*; the {good} record\(s\) before it read"):
         src[good]
     src.close()
-    with Loader(TFRecordSource(str(path), features={"image/class/label": "int64"}), 4, workers=2, mode="process",
-                with_ids=True) as loader:
+    with Loader(
+        TFRecordSource(str(path), features={"image/class/label": "int64"}), 4, workers=2, mode="process", with_ids=True
+    ) as loader:
         seen = []
         with pytest.raises(SampleError) as info:
             for batch in loader:
                 seen += batch["id"].tolist()
     assert seen == list(range(good // 4 * 4)) and info.value.sample_id == good and str(path) in info.value.location
-    with Loader(TFRecordSource(str(path), features={"image/class/label": "int64"}), 4, workers=2, mode="thread",
-                on_error="skip", with_ids=True) as loader:
+    with Loader(
+        TFRecordSource(str(path), features={"image/class/label": "int64"}),
+        4,
+        workers=2,
+        mode="thread",
+        on_error="skip",
+        with_ids=True,
+    ) as loader:
         ids = np.concatenate([b["id"] for b in loader]).tolist()
         report = loader.quarantine_report()
-    assert ids == list(range(good)) and [(e["sample_id"], e["location"].split(" record ")[0]) for e in report] == \
-        [(good, str(path))]
+    assert ids == list(range(good)) and [(e["sample_id"], e["location"].split(" record ")[0]) for e in report] == [
+        (good, str(path))
+    ]
 
 
 def test_int_casts_are_checked_and_name_the_record(tf_copy):
-    src = TFRecordSource(str(tf_copy / "train-NONE.tfrecord"),
-                         features={"image/class/label": ("uint8", ()), "tokens": ("int8", (-1,))})
+    src = TFRecordSource(
+        str(tf_copy / "train-NONE.tfrecord"), features={"image/class/label": ("uint8", ()), "tokens": ("int8", (-1,))}
+    )
     assert src[3]["image/class/label"].dtype == np.uint8 and src[3]["tokens"].tolist() == [0, 1, 2]
     narrow = TFRecordSource(str(tf_copy / "train-NONE.tfrecord"), features={"box": ("int8", (4,))})
     with pytest.raises(DataError, match="feature 'box': expected int8"):
         narrow[0]  # a float_list is never cast to an integer
     path = write_file(tf_copy / "big.tfrecord", [example(v=("int64_list", [1, 2**40]))])
-    with pytest.raises(DataError, match=r"record 0 at byte 0 of .*big.tfrecord: feature 'v': value 1099511627776 "
-                                        r"\(at index 1\) does not fit int32"):
+    with pytest.raises(
+        DataError,
+        match=r"record 0 at byte 0 of .*big.tfrecord: feature 'v': value 1099511627776 "
+        r"\(at index 1\) does not fit int32",
+    ):
         TFRecordSource(path, features={"v": ("int32", (2,))})[0]
 
 
@@ -603,8 +651,10 @@ def test_decode_image_decodes_image_encoded_as_image_folder_decodes_the_file(tf_
     src = TFRecordSource(str(tf_copy / "train-GZIP.tfrecord"), features={"image/encoded": "bytes"})
     (tmp_path / "img.png").write_bytes(src[9]["image/encoded"])
     for size, channels in ((None, 3), ((3, 4), 1)):
-        np.testing.assert_array_equal(decode_image(src[9]["image/encoded"], size, channels),
-                                      ImageReader(size, channels).load(tmp_path / "img.png"))
+        np.testing.assert_array_equal(
+            decode_image(src[9]["image/encoded"], size, channels),
+            ImageReader(size, channels).load(tmp_path / "img.png"),
+        )
     with pytest.raises(DataError, match="record 9: not a decodable image"):
         decode_image(src[9]["image/encoded"][:30], where="record 9")
     src.close()

@@ -1,6 +1,7 @@
 """WebDatasetSource on shards the webdataset library's TarWriter writes, and on plain tar files
 (Python's tarfile, the tar command): grouping, the cached member index, bad shards, exactly
 once and bit-identical across workers and modes, decode_image on image members."""
+
 import io
 import os
 import shutil
@@ -9,12 +10,11 @@ import tarfile
 
 import numpy as np
 import pytest
+from helpers import epoch_digest
 
 from steadyfeed import DataError, Loader, decode_image
 from steadyfeed.sources import webdataset as wds_source
 from steadyfeed.sources.webdataset import WebDatasetSource
-
-from helpers import epoch_digest
 
 wds = pytest.importorskip("webdataset")
 Image = pytest.importorskip("PIL.Image")
@@ -75,8 +75,9 @@ def test_plain_tar_shards_read_alike(tmp_path):
             tar.add(path, arcname=f"part/{path.name}")
     tar_command = shutil.which("tar")
     if tar_command:
-        subprocess.run([tar_command, "--sort=name", "-cf", str(tmp_path / "gnu.tar"), "part"],
-                       cwd=tmp_path / "files", check=True)
+        subprocess.run(
+            [tar_command, "--sort=name", "-cf", str(tmp_path / "gnu.tar"), "part"], cwd=tmp_path / "files", check=True
+        )
     for name in ("py.tar", "gnu.tar") if tar_command else ("py.tar",):
         src = WebDatasetSource(tmp_path / name)
         assert len(src) == 4 and src[2] == {k: v for k, v in sample(2).items() if k != "__key__"}, name
@@ -86,16 +87,27 @@ def test_keys_select_and_require_members(shards):
     src = WebDatasetSource(shards, keys={"image": "jpg;png", "label": "cls"})
     assert src[5] == {"image": png(5), "label": b"2"}
     assert WebDatasetSource(shards, keys=["cls"])[4] == {"cls": b"1"}
-    with pytest.raises(DataError, match=r"shard-000.tar sample 'part/00003' .*: expected a member 'txt', the sample "
-                                        r"has \['cls', 'meta.json', 'png'\]"):
+    with pytest.raises(
+        DataError,
+        match=r"shard-000.tar sample 'part/00003' .*: expected a member 'txt', the sample "
+        r"has \['cls', 'meta.json', 'png'\]",
+    ):
         WebDatasetSource(shards, keys=["txt"])[3]
 
 
 @pytest.mark.parametrize("workers,mode", MODES)
 def test_exactly_once_and_bit_identical_across_workers_and_modes(shards, workers, mode, no_leaks):
     def run(w, m):
-        with Loader(WebDatasetSource(shards, keys=["png", "cls"]), 5, transform=to_xy, shuffle=True, seed=2,
-                    workers=w, mode=m, with_ids=True) as loader:
+        with Loader(
+            WebDatasetSource(shards, keys=["png", "cls"]),
+            5,
+            transform=to_xy,
+            shuffle=True,
+            seed=2,
+            workers=w,
+            mode=m,
+            with_ids=True,
+        ) as loader:
             return list(loader)
 
     batches = run(workers, mode)
@@ -122,17 +134,21 @@ def test_the_member_index_is_cached_and_rebuilt_when_the_shard_changes(shards, m
 def test_a_cut_shard_reads_its_good_samples_then_names_the_byte(shards, no_leaks):
     path = shards / "shard-001.tar"
     data = path.read_bytes()
-    path.write_bytes(data[:len(data) // 2 + 100])  # cut inside a member
+    path.write_bytes(data[: len(data) // 2 + 100])  # cut inside a member
     src = WebDatasetSource(shards)
     good = len(src) - 1 - PER_SHARD  # samples of shard-001 before the cut
     assert 0 < good < PER_SHARD
     assert src[PER_SHARD + good - 1]["cls"] == str((PER_SHARD + good - 1) % 3).encode()
-    with pytest.raises(DataError, match=rf"shard-001.tar: the tar stream breaks at byte \d+: .*; the {good} "
-                                        r"sample\(s\) before it read"):
+    with pytest.raises(
+        DataError,
+        match=rf"shard-001.tar: the tar stream breaks at byte \d+: .*; the {good} "
+        r"sample\(s\) before it read",
+    ):
         src[PER_SHARD + good]
     src.close()
-    with Loader(WebDatasetSource(shards, keys=["cls"]), 4, workers=2, mode="process", on_error="skip",
-                with_ids=True) as loader:
+    with Loader(
+        WebDatasetSource(shards, keys=["cls"]), 4, workers=2, mode="process", on_error="skip", with_ids=True
+    ) as loader:
         ids = np.concatenate([b["id"] for b in loader])
         report = loader.quarantine_report()
     assert sorted(ids.tolist()) == list(range(PER_SHARD + good))
@@ -142,12 +158,15 @@ def test_a_cut_shard_reads_its_good_samples_then_names_the_byte(shards, no_leaks
 def test_a_corrupt_header_or_garbage_is_named(shards, tmp_path):
     data = bytearray((shards / "shard-000.tar").read_bytes())
     second = data.index(b"part/00001") // 512 * 512  # the first header of sample 1
-    bad = bytes(data[:second + 100]) + b"\x13" + bytes(data[second + 101:])  # breaks its checksum
+    bad = bytes(data[: second + 100]) + b"\x13" + bytes(data[second + 101 :])  # breaks its checksum
     (tmp_path / "bad.tar").write_bytes(bad)
     src = WebDatasetSource(tmp_path / "bad.tar")
     assert len(src) == 2 and src[0]["cls"] == b"0"
-    with pytest.raises(DataError, match=r"bad.tar: the tar stream breaks at byte \d+: no valid tar header at byte "
-                                        r"\d+ \(bad checksum\)"):
+    with pytest.raises(
+        DataError,
+        match=r"bad.tar: the tar stream breaks at byte \d+: no valid tar header at byte "
+        r"\d+ \(bad checksum\)",
+    ):
         src[1]
     (tmp_path / "junk.tar").write_bytes(bytes(data) + b"not a tar member" * 64)
     with pytest.raises(DataError, match="bytes that are not zeros follow tar's end-of-archive marker"):

@@ -1,11 +1,11 @@
 """loader.stats(): the loader's own measurements, cheap enough to leave on."""
+
 import time
 
 import pytest
+from helpers import paired_source
 
 from steadyfeed import Loader
-
-from helpers import paired_source
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,6 +5,7 @@ free of duplicates and resolves.
 The public modules are inspected in a subprocess: importing ``steadyfeed.keras`` needs
 ``KERAS_BACKEND`` set before Keras is imported, which this process cannot promise.
 """
+
 import importlib.util
 import json
 import os
@@ -88,8 +89,7 @@ print(json.dumps(report))
 @pytest.fixture(scope="module")
 def public_api():
     env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    run = subprocess.run([sys.executable, "-c", INSPECT, *PUBLIC], capture_output=True, text=True, env=env,
-                         timeout=240)
+    run = subprocess.run([sys.executable, "-c", INSPECT, *PUBLIC], capture_output=True, text=True, env=env, timeout=240)
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -107,7 +107,9 @@ def test_all_is_sorted_unique_and_resolves(public_api, modname):
     entry = _module(public_api, modname)
     names = entry["all"]
     assert names == sorted(names), f"{modname}.__all__ is not sorted"
-    assert len(names) == len(set(names)), f"{modname}.__all__ lists {sorted({n for n in names if names.count(n) > 1})} twice"
+    assert len(names) == len(set(names)), (
+        f"{modname}.__all__ lists {sorted({n for n in names if names.count(n) > 1})} twice"
+    )
     assert not entry["unresolved"], f"{modname}.__all__ names what the module does not have: {entry['unresolved']}"
 
 
@@ -116,7 +118,8 @@ def test_all_is_sorted_unique_and_resolves(public_api, modname):
 def test_public_api_is_fully_annotated(public_api, modname):
     entry = _module(public_api, modname)
     assert not entry["missing"], "unannotated (callable, [parameters / return]): " + "; ".join(
-        f"{qual} {bad}" for qual, bad in entry["missing"])
+        f"{qual} {bad}" for qual, bad in entry["missing"]
+    )
     if entry["skipped"]:
         pytest.skip(f"not importable here, so not checked: {entry['skipped']}")
 
@@ -133,6 +136,11 @@ def test_optional_sources_are_exported():
 def test_mypy_is_clean():
     if importlib.util.find_spec("mypy") is None:
         pytest.skip(f"mypy is not installed in {sys.executable} (it is in the dev extra: pip install -e '.[dev]')")
-    run = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary", "--hide-error-context"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=280)  # files and options: pyproject.toml
+    run = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-error-summary", "--hide-error-context"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )  # files and options: pyproject.toml
     assert run.returncode == 0, f"mypy found problems:\n{run.stdout}{run.stderr}"

@@ -8,6 +8,7 @@ wheel installs into fresh virtual environments and works (``wheel_smoke.py``).
   checks that every requirement the dev extra reaches is met, and a test module of the suite
   runs against the installed wheel, not this checkout.
 """
+
 from __future__ import annotations
 
 import os
@@ -104,5 +105,14 @@ def test_the_wheel_with_the_dev_extra_passes_a_test_module(tmp_path, wheel):
     assert _run(python, SMOKE, "dev", cwd=tmp_path, env=env).strip().endswith("ok dev")
     where = _run(python, "-c", "import steadyfeed; print(steadyfeed.__file__)", cwd=tmp_path, env=env)
     assert where.startswith(str(tmp_path)), where
-    _run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", ROOT / "tests" / "test_formats.py",
-         cwd=tmp_path, env=env)
+    _run(
+        python,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        ROOT / "tests" / "test_formats.py",
+        cwd=tmp_path,
+        env=env,
+    )

@@ -6,6 +6,7 @@ imports no framework and names the extra an optional source needs; ``[keras]`` f
 model (``[keras,jax]``: the keras extra brings Keras, a backend comes with its own extra); ``[dev]`` has every extra.
 Prints "ok <kind>" last; any failure is an exception.
 """
+
 from __future__ import annotations
 
 import os

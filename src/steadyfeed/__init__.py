@@ -1,11 +1,22 @@
 """steadyfeed: feed larger-than-memory data to Keras 3 through concurrent workers,
 exactly once, reproducibly, and never silently or stuck."""
+
 from typing import TYPE_CHECKING, Any
 
+from . import sources as _sources
 from .config import ExecutionOptions, FailureOptions, LoaderConfig, ReadOptions, ShardOptions
 from .errors import (
-    CollateError, DataError, DiskFull, NoSpace, RayClusterLost, SampleError, SampleTimeout, SharedMemoryFull,
-    SteadyfeedError, TooManyErrors, WorkerDied,
+    CollateError,
+    DataError,
+    DiskFull,
+    NoSpace,
+    RayClusterLost,
+    SampleError,
+    SampleTimeout,
+    SharedMemoryFull,
+    SteadyfeedError,
+    TooManyErrors,
+    WorkerDied,
 )
 from .loader import Loader
 from .locking import serialized
@@ -13,8 +24,6 @@ from .packing import pack
 from .quality import Checked
 from .sampling import SequentialSampler, ShuffleSampler, WeightedSampler, merge_states, sample_rng
 from .sources import ArraySource, CsvSource, DiskCache, MemoryCache, Mixture, NpyArray, NpyPairs, TFRecordSource
-
-from . import sources as _sources
 
 if TYPE_CHECKING:  # the optional sources as type checkers see them; at run time __getattr__ imports them
     from .sources.hdf5 import Hdf5Source

@@ -31,6 +31,7 @@ Costs: one more read of every sample during the first epoch (sequential, in id o
 one thread below the training loop's priority) and disk space for the samples as arrays
 (a decoded JPEG is larger than the file). See ``docs/benchmarks.md`` (``bench_pack_to.py``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -96,9 +97,12 @@ class AutoPack:
     def __init__(self, root: str | os.PathLike, source: Any):
         fp = fingerprint(source)
         if fp is None:
-            raise ValueError(f"pack_to needs a source with fingerprint() (ImageFolder, NpyPairs, ...), so that a "
-                             f"changed dataset is never read from a stale pack; {type(source).__name__} has none")
+            raise ValueError(
+                f"pack_to needs a source with fingerprint() (ImageFolder, NpyPairs, ...), so that a "
+                f"changed dataset is never read from a stale pack; {type(source).__name__} has none"
+            )
         from .sources.tfrecord import require_support
+
         require_support()  # ImportError now, naming the extra, not in the background later
         kind = type(source)
         self.identity = {"type": f"{kind.__module__}.{kind.__qualname__}", "fingerprint": fp}
@@ -128,14 +132,18 @@ class AutoPack:
         return "failed" if self.error else "absent"
 
     def report(self) -> dict:
-        return {"state": self.state, "path": str(self.directory / PACK_NAME),
-                **({"error": self.error} if self.error else {})}
+        return {
+            "state": self.state,
+            "path": str(self.directory / PACK_NAME),
+            **({"error": self.error} if self.error else {}),
+        }
 
     def open(self):
         """A TFRecordSource of the published pack: what the workers read once it is ready.
         Its shards are handed to the kernel's readahead first when they fit in half the free
         memory (``prefetch``)."""
         from .sources.tfrecord import TFRecordSource
+
         source = TFRecordSource(self.directory / PACK_NAME)
         if len(source) != self.num_samples:  # the identity file said otherwise: never trust it then
             raise DataError(f"{self.directory} holds {len(source)} records for {self.num_samples} samples")
@@ -148,8 +156,7 @@ class AutoPack:
         with self._lock:
             if self._thread is not None or self.error or self.ready:
                 return
-            self._thread = threading.Thread(target=self._build, args=(source,), name="steadyfeed-pack_to",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._build, args=(source,), name="steadyfeed-pack_to", daemon=True)
             self._thread.start()
 
     def _build(self, source: Any) -> None:
@@ -161,8 +168,9 @@ class AutoPack:
         staging = Path(staging_directory(self.directory))
         try:
             pack(_Reading(source, self._stop), staging / PACK_NAME, progress=False)
-            atomic_write(staging / IDENTITY_NAME, json.dumps({"identity": self.identity,
-                                                              "samples": self.num_samples}).encode())
+            atomic_write(
+                staging / IDENTITY_NAME, json.dumps({"identity": self.identity, "samples": self.num_samples}).encode()
+            )
             fsync_directory(staging)
             self._publish(staging)
         except BaseException as exc:  # a failing sample, a full disk, close(): no pack, the files go on

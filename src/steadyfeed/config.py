@@ -12,6 +12,7 @@ Every option is also a flat keyword of ``Loader(...)``, ``LoaderConfig.build(...
 here, with its documentation; validation happens when an object is built, so a config
 that exists is a valid one.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,9 @@ import numbers
 import os
 import typing
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from .sampling.plan import LAST_BATCH_POLICIES, LastBatch
 
@@ -44,8 +46,12 @@ def option(default: Any = dataclasses.MISSING, *, doc: str, cli: bool = True, me
 
 def _documented(cls: type) -> type:
     """Append each field's documentation to the class docstring, so ``help()`` shows it."""
-    lines = [f"    {f.name} (default {f.default!r}): {f.metadata['doc']}" if f.default is not dataclasses.MISSING
-             else f"    {f.name} (required): {f.metadata['doc']}" for f in dataclasses.fields(cls)]
+    lines = [
+        f"    {f.name} (default {f.default!r}): {f.metadata['doc']}"
+        if f.default is not dataclasses.MISSING
+        else f"    {f.name} (required): {f.metadata['doc']}"
+        for f in dataclasses.fields(cls)
+    ]
     cls.__doc__ = f"{(cls.__doc__ or '').rstrip()}\n\n    Fields:\n\n" + "\n".join(lines) + "\n"
     return cls
 
@@ -84,28 +90,41 @@ class ReadOptions:
     batch_size: int = option(doc="samples per batch", metavar="N")
     shuffle: bool = option(False, doc="a fresh permutation of the samples every epoch, drawn from (seed, epoch)")
     seed: int = option(0, doc="the seed of the order and of every sample's transform stream", metavar="S")
-    sampler: Any = option(None, cli=False,
-                          doc="an object with order(n, seed, epoch) or epoch_order(n, seed, epoch) "
-                              "(sampling/samplers.py) instead of shuffle")
-    transform: Callable | None = option(None, cli=False,
-                                        doc="transform(sample, rng) -> sample, run in the workers with each sample's "
-                                            "own random stream")
-    last_batch: LastBatch = option("partial",
-                                   doc="the last, short batch of an epoch: 'partial' keeps it, 'drop' leaves it out, "
-                                       "'pad' fills it with masked rows (a float32 'mask' key)")
+    sampler: Any = option(
+        None,
+        cli=False,
+        doc="an object with order(n, seed, epoch) or epoch_order(n, seed, epoch) "
+        "(sampling/samplers.py) instead of shuffle",
+    )
+    transform: Callable | None = option(
+        None, cli=False, doc="transform(sample, rng) -> sample, run in the workers with each sample's own random stream"
+    )
+    last_batch: LastBatch = option(
+        "partial",
+        doc="the last, short batch of an epoch: 'partial' keeps it, 'drop' leaves it out, "
+        "'pad' fills it with masked rows (a float32 'mask' key)",
+    )
     with_ids: bool = option(False, doc="add each batch's sample ids under the key 'id'")
-    collate: Collate = option("stack",
-                              doc="how samples become a batch: 'stack' needs one shape and dtype per key (a "
-                                  "disagreement raises CollateError, under any on_error); 'pad' pads each key to "
-                                  "the largest shape of its batch (strings to the widest) and adds '<key>_shape' "
-                                  "(int64, rows x ndim) with each row's true shape")
-    exclude: Any = option(None, metavar="FILE",
-                          doc="sample ids left out of every epoch (exactly once over the rest): ids, {id: reason}, "
-                              "or a file: a JSON list of ids, findings or an audit report (--json), or a quarantine "
-                              "file (diagnostics/isolation.py); loader.exclude(ids, reason) adds more")
+    collate: Collate = option(
+        "stack",
+        doc="how samples become a batch: 'stack' needs one shape and dtype per key (a "
+        "disagreement raises CollateError, under any on_error); 'pad' pads each key to "
+        "the largest shape of its batch (strings to the widest) and adds '<key>_shape' "
+        "(int64, rows x ndim) with each row's true shape",
+    )
+    exclude: Any = option(
+        None,
+        metavar="FILE",
+        doc="sample ids left out of every epoch (exactly once over the rest): ids, {id: reason}, "
+        "or a file: a JSON list of ids, findings or an audit report (--json), or a quarantine "
+        "file (diagnostics/isolation.py); loader.exclude(ids, reason) adds more",
+    )
 
     def __post_init__(self):
-        _need(_is_int(self.batch_size) and self.batch_size >= 1, f"batch_size must be an int >= 1, got {self.batch_size!r}")
+        _need(
+            _is_int(self.batch_size) and self.batch_size >= 1,
+            f"batch_size must be an int >= 1, got {self.batch_size!r}",
+        )
         _need(_is_int(self.seed) and self.seed >= 0, f"seed must be >= 0 (an int), got {self.seed!r}")
         _one_of("last_batch", self.last_batch, LAST_BATCH_POLICIES)
         _one_of("collate", self.collate, COLLATE_POLICIES)
@@ -120,46 +139,70 @@ class ReadOptions:
 class ExecutionOptions:
     """Who makes the batches. None of these options changes what a batch holds."""
 
-    workers: int = option(0, doc="worker threads, processes or Ray actors (0: the consumer makes every batch)",
-                          metavar="N")
+    workers: int = option(
+        0, doc="worker threads, processes or Ray actors (0: the consumer makes every batch)", metavar="N"
+    )
     mode: Mode = option("thread", doc="what a worker is: 'thread', 'process' (spawned) or 'ray' (an actor)")
-    prefetch: int | None = option(None, doc="batches in flight or waiting, at most (default: 2 per worker, at least 1)",
-                                  metavar="N")
-    inline_when_faster: bool | None = option(None,
-                                             doc="let the consumer make a batch itself when that measures faster "
-                                                 "than a worker (default: yes in thread and process mode without "
-                                                 "a timeout)")
-    worker_niceness: int = option(5, doc="how many nice steps below the consumer the workers run (0-19, Linux)",
-                                  metavar="N")
-    max_inflight_bytes: int | None = option(None,
-                                            doc="bytes of batches in flight or waiting, at most, besides prefetch "
-                                                "(each batch not yet made counts as the largest made so far; one "
-                                                "batch is always allowed, and until the first is made, one at a "
-                                                "time). None: prefetch alone bounds them", metavar="BYTES")
-    transport: Transport = option("auto",
-                                  doc="how process workers hand batches over: 'auto' uses shared memory and, where "
-                                      "/dev/shm cannot hold a batch, falls back to the workers' pipes (saying so "
-                                      "once, in a warning and in stats()['transport']); 'shm' raises "
-                                      "SharedMemoryFull instead; 'pipe' always uses the pipes (one more copy per "
-                                      "batch, batches never in /dev/shm)")
-    pack_to: str | os.PathLike | None = option(None, metavar="DIR",
-                                               doc="pack the source into TFRecord shards under DIR (keyed by its "
-                                                   "fingerprint) in the background during the first epoch, and read "
-                                                   "the shards from the next epoch and later runs on; batches are "
-                                                   "bit-identical (autopack.py)")
+    prefetch: int | None = option(
+        None, doc="batches in flight or waiting, at most (default: 2 per worker, at least 1)", metavar="N"
+    )
+    inline_when_faster: bool | None = option(
+        None,
+        doc="let the consumer make a batch itself when that measures faster "
+        "than a worker (default: yes in thread and process mode without "
+        "a timeout)",
+    )
+    worker_niceness: int = option(
+        5, doc="how many nice steps below the consumer the workers run (0-19, Linux)", metavar="N"
+    )
+    max_inflight_bytes: int | None = option(
+        None,
+        doc="bytes of batches in flight or waiting, at most, besides prefetch "
+        "(each batch not yet made counts as the largest made so far; one "
+        "batch is always allowed, and until the first is made, one at a "
+        "time). None: prefetch alone bounds them",
+        metavar="BYTES",
+    )
+    transport: Transport = option(
+        "auto",
+        doc="how process workers hand batches over: 'auto' uses shared memory and, where "
+        "/dev/shm cannot hold a batch, falls back to the workers' pipes (saying so "
+        "once, in a warning and in stats()['transport']); 'shm' raises "
+        "SharedMemoryFull instead; 'pipe' always uses the pipes (one more copy per "
+        "batch, batches never in /dev/shm)",
+    )
+    pack_to: str | os.PathLike | None = option(
+        None,
+        metavar="DIR",
+        doc="pack the source into TFRecord shards under DIR (keyed by its "
+        "fingerprint) in the background during the first epoch, and read "
+        "the shards from the next epoch and later runs on; batches are "
+        "bit-identical (autopack.py)",
+    )
 
     def __post_init__(self):
         _need(_is_int(self.workers) and self.workers >= 0, f"workers must be an int >= 0, got {self.workers!r}")
         _one_of("mode", self.mode, MODES)
-        _need(self.prefetch is None or (_is_int(self.prefetch) and self.prefetch >= 1),
-              f"prefetch must be an int >= 1, got {self.prefetch!r}")
-        _need(self.inline_when_faster in (None, True, False),
-              f"inline_when_faster must be None, True or False, got {self.inline_when_faster!r}")
-        _need(not (self.inline_when_faster and self.mode == "ray"), "inline_when_faster is for thread and process mode, not Ray")
-        _need(_is_int(self.worker_niceness) and 0 <= self.worker_niceness <= 19,
-              f"worker_niceness must be an int from 0 (the consumer's priority) to 19, got {self.worker_niceness!r}")
-        _need(self.max_inflight_bytes is None or (_is_int(self.max_inflight_bytes) and self.max_inflight_bytes >= 1),
-              f"max_inflight_bytes must be a byte count >= 1 (an int) or None, got {self.max_inflight_bytes!r}")
+        _need(
+            self.prefetch is None or (_is_int(self.prefetch) and self.prefetch >= 1),
+            f"prefetch must be an int >= 1, got {self.prefetch!r}",
+        )
+        _need(
+            self.inline_when_faster in (None, True, False),
+            f"inline_when_faster must be None, True or False, got {self.inline_when_faster!r}",
+        )
+        _need(
+            not (self.inline_when_faster and self.mode == "ray"),
+            "inline_when_faster is for thread and process mode, not Ray",
+        )
+        _need(
+            _is_int(self.worker_niceness) and 0 <= self.worker_niceness <= 19,
+            f"worker_niceness must be an int from 0 (the consumer's priority) to 19, got {self.worker_niceness!r}",
+        )
+        _need(
+            self.max_inflight_bytes is None or (_is_int(self.max_inflight_bytes) and self.max_inflight_bytes >= 1),
+            f"max_inflight_bytes must be a byte count >= 1 (an int) or None, got {self.max_inflight_bytes!r}",
+        )
         _one_of("transport", self.transport, TRANSPORTS)
 
     @property
@@ -173,22 +216,32 @@ class FailureOptions:
     """What a failing, hung or dying sample does. A failure always names the sample id, where
     it lives, the epoch, the batch and the attempts; it is never silent."""
 
-    on_error: OnError = option("raise", doc="'raise' a SampleError, or 'skip' the sample and record it in the "
-                                            "quarantine report")
-    retries: int = option(0, doc="attempts per sample beyond the first (a hung or dying sample uses one each)",
-                          metavar="N")
-    timeout: float | None = option(None, doc="seconds one sample may run before it counts as hung (needs workers)",
-                                   metavar="SECONDS")
-    max_error_fraction: float = option(0.1, doc="under 'skip', the share of an epoch's samples that may fail "
-                                                "before TooManyErrors is raised", metavar="F")
-    quarantine: str | os.PathLike | None = option(None, doc="a file the skipped samples are appended to as JSON "
-                                                            "lines, as they happen", metavar="FILE")
+    on_error: OnError = option(
+        "raise", doc="'raise' a SampleError, or 'skip' the sample and record it in the quarantine report"
+    )
+    retries: int = option(
+        0, doc="attempts per sample beyond the first (a hung or dying sample uses one each)", metavar="N"
+    )
+    timeout: float | None = option(
+        None, doc="seconds one sample may run before it counts as hung (needs workers)", metavar="SECONDS"
+    )
+    max_error_fraction: float = option(
+        0.1,
+        doc="under 'skip', the share of an epoch's samples that may fail before TooManyErrors is raised",
+        metavar="F",
+    )
+    quarantine: str | os.PathLike | None = option(
+        None, doc="a file the skipped samples are appended to as JSON lines, as they happen", metavar="FILE"
+    )
 
     def __post_init__(self):
         _one_of("on_error", self.on_error, ERROR_POLICIES)
         _need(_is_int(self.retries) and self.retries >= 0, f"retries must be an int >= 0, got {self.retries!r}")
         _need(self.timeout is None or self.timeout > 0, f"timeout must be > 0 seconds, got {self.timeout}")
-        _need(0.0 <= self.max_error_fraction <= 1.0, f"max_error_fraction must be in [0, 1], got {self.max_error_fraction}")
+        _need(
+            0.0 <= self.max_error_fraction <= 1.0,
+            f"max_error_fraction must be in [0, 1], got {self.max_error_fraction}",
+        )
 
 
 @_documented
@@ -201,14 +254,22 @@ class ShardOptions:
     shard_count: int = option(1, doc="the number of shards (replicas)", metavar="R")
 
     def __post_init__(self):
-        _need(_is_int(self.shard_count) and self.shard_count >= 1 and _is_int(self.shard_index)
-              and 0 <= self.shard_index < self.shard_count,
-              f"need 0 <= shard_index < shard_count, got shard_index={self.shard_index!r}, "
-              f"shard_count={self.shard_count!r}")
+        _need(
+            _is_int(self.shard_count)
+            and self.shard_count >= 1
+            and _is_int(self.shard_index)
+            and 0 <= self.shard_index < self.shard_count,
+            f"need 0 <= shard_index < shard_count, got shard_index={self.shard_index!r}, "
+            f"shard_count={self.shard_count!r}",
+        )
 
 
-GROUPS: dict[str, type[Any]] = {"read": ReadOptions, "execution": ExecutionOptions, "failure": FailureOptions,
-                           "sharding": ShardOptions}
+GROUPS: dict[str, type[Any]] = {
+    "read": ReadOptions,
+    "execution": ExecutionOptions,
+    "failure": FailureOptions,
+    "sharding": ShardOptions,
+}
 # every flat option name -> the group that holds it
 OPTION_GROUPS: dict[str, str] = {f.name: group for group, cls in GROUPS.items() for f in dataclasses.fields(cls)}
 
@@ -226,10 +287,14 @@ class LoaderConfig:
         for group, cls in GROUPS.items():
             if not isinstance(getattr(self, group), cls):
                 raise TypeError(f"{group} must be a {cls.__name__}, got {type(getattr(self, group)).__name__}")
-        _need(self.failure.timeout is None or self.execution.workers > 0,
-              "timeout needs workers >= 1: a sample running in the consumer's own thread cannot be interrupted")
-        _need(not (self.execution.inline_when_faster and self.failure.timeout is not None),
-              "inline_when_faster=True cannot go with a timeout: a batch made in the consumer cannot be interrupted")
+        _need(
+            self.failure.timeout is None or self.execution.workers > 0,
+            "timeout needs workers >= 1: a sample running in the consumer's own thread cannot be interrupted",
+        )
+        _need(
+            not (self.execution.inline_when_faster and self.failure.timeout is not None),
+            "inline_when_faster=True cannot go with a timeout: a batch made in the consumer cannot be interrupted",
+        )
 
     @classmethod
     def build(cls, base: LoaderConfig | None = None, **options: Any) -> LoaderConfig:
@@ -287,8 +352,11 @@ def _renamed(options: dict) -> None:
     """Turn deprecated spellings into the current ones, with a DeprecationWarning."""
     if "drop_last" in options:
         drop = options.pop("drop_last")
-        warnings.warn("drop_last is deprecated: pass last_batch='drop' (or 'partial', the default)",
-                      DeprecationWarning, stacklevel=4)
+        warnings.warn(
+            "drop_last is deprecated: pass last_batch='drop' (or 'partial', the default)",
+            DeprecationWarning,
+            stacklevel=4,
+        )
         given = options.get("last_batch")
         if drop and given not in (None, "drop"):
             raise ValueError(f"drop_last=True contradicts last_batch={given!r}")
@@ -305,4 +373,3 @@ def _unknown_message(unknown: list[str]) -> str:
         close = difflib.get_close_matches(name, known, n=1)
         hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
     return f"unknown Loader option(s) {', '.join(hints)}; the options are {', '.join(known)}"
-

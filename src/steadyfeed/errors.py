@@ -5,6 +5,7 @@ file it came from (when the source can say), the epoch, the batch and how many
 attempts were made, with the worker's traceback text attached and the original
 exception chained as ``__cause__``.
 """
+
 from __future__ import annotations
 
 import errno
@@ -29,9 +30,18 @@ class CollateError(DataError):
     first sample of the batch and the one that differs from it, ``found`` what each has
     (e.g. ``"shape (24, 32, 3) uint8"``), ``key`` the key (None when the keys differ)."""
 
-    def __init__(self, message: str, *, epoch: int, batch_index: int, key: str | None,
-                 sample_ids: tuple[int, ...], locations: tuple[str | None, ...], found: tuple[str, ...],
-                 collate: str):
+    def __init__(
+        self,
+        message: str,
+        *,
+        epoch: int,
+        batch_index: int,
+        key: str | None,
+        sample_ids: tuple[int, ...],
+        locations: tuple[str | None, ...],
+        found: tuple[str, ...],
+        collate: str,
+    ):
         super().__init__(message)
         self.epoch, self.batch_index, self.key = epoch, batch_index, key
         self.sample_ids, self.locations, self.found, self.collate = sample_ids, locations, found, collate
@@ -93,8 +103,11 @@ def with_original_type(cls: type, original: type) -> type:
     cannot be combined (a layout conflict, a constructor that needs other arguments)."""
     if not issubclass(original, Exception) or issubclass(original, _NOT_MIXED) or issubclass(cls, original):
         return cls
-    namespace = {"__str__": Exception.__str__, "__module__": cls.__module__,  # the message, as SampleError's
-                 "__reduce__": lambda self: (_rebuild_mixed, (cls, original, self.args[0], self.__dict__.copy()))}
+    namespace = {
+        "__str__": Exception.__str__,
+        "__module__": cls.__module__,  # the message, as SampleError's
+        "__reduce__": lambda self: (_rebuild_mixed, (cls, original, self.args[0], self.__dict__.copy())),
+    }
     try:
         mixed = type(f"{cls.__name__}[{original.__name__}]", (cls, original), namespace)
         mixed("probe", sample_id=0, epoch=0, batch_index=0, attempts=0)

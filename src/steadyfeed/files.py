@@ -16,12 +16,14 @@ and leaves nothing a later run would trust: :func:`atomic_file` reserves the byt
 of before writing any (``size=``), and removes its temporary file whatever happens;
 :func:`append_whole` adds a record to a file whole or not at all.
 """
+
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
-from typing import IO, Iterator
+from collections.abc import Iterator
+from typing import IO
 
 from .errors import DiskFull
 from .units import exact_bytes, human_bytes
@@ -43,10 +45,16 @@ def disk_full(path: str | os.PathLike, needed: int, *, what: str = "", how: str 
         free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
     except OSError:
         free = total = 0
-    return DiskFull(f"no space left on the filesystem of {path}{f' for {what}' if what else ''}: it needs "
-                    f"{'about ' if how else ''}{exact_bytes(needed)}{f' ({how})' if how else ''} and "
-                    f"{human_bytes(free)} is free (of {human_bytes(total)}){f'; {then}' if then else ''}. Free "
-                    f"some space, or write to another filesystem", needed, free, total, path)
+    return DiskFull(
+        f"no space left on the filesystem of {path}{f' for {what}' if what else ''}: it needs "
+        f"{'about ' if how else ''}{exact_bytes(needed)}{f' ({how})' if how else ''} and "
+        f"{human_bytes(free)} is free (of {human_bytes(total)}){f'; {then}' if then else ''}. Free "
+        f"some space, or write to another filesystem",
+        needed,
+        free,
+        total,
+        path,
+    )
 
 
 def reserve(fd: int, size: int, path: str | os.PathLike) -> None:
@@ -120,7 +128,7 @@ def append_whole(path: str | os.PathLike, data: bytes) -> None:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         except BaseException as exc:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, start)  # shrinking a file needs no room

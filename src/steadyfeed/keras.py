@@ -14,6 +14,7 @@ look mislabeled during the same fit (``steadyfeed.diagnostics.label_noise``).
 
 Importing this module imports Keras; ``import steadyfeed`` alone never does.
 """
+
 from .integration.callbacks import LoaderCheckpoint, LoaderMonitor, epoch_figures
 from .integration.checks import InputMismatch
 from .integration.distributed import shard_from_jax, shard_from_tf_input_context, shard_from_torch

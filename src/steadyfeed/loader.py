@@ -1,5 +1,6 @@
 """Loader: the public face of the engine; its guarantees are in the class docstring, each
 proven by a test named on the documentation's Guarantees page."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -8,12 +9,14 @@ import re
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .autopack import AutoPack, close_reader
 from .config import ExecutionOptions, FailureOptions, LoaderConfig, ReadOptions, ShardOptions
+from .diagnostics.isolation import read_exclusions
 from .errors import SampleError, SampleTimeout, TooManyErrors, WorkerDied, with_original_type
 from .execution.batch import collate_error
 from .execution.handoff import FixedHandoff, make_handoff
@@ -21,14 +24,13 @@ from .execution.pool import InlinePool, make_pool
 from .execution.scheduler import ByteBudget, EpochRun, Outcome
 from .execution.task import SampleFailure, WorkContext
 from .quarantine import Quarantine, QuarantineEntry
-from .diagnostics.isolation import read_exclusions
 from .sampling.elastic import remainder_chain
 from .sampling.exclusion import Exclusions, excluding
 from .sampling.plan import EpochPlan
 from .sampling.samplers import ORDER_FORMAT, SequentialSampler, ShuffleSampler, order_of
-from .stats import LoaderStats
 from .sources.base import check_source, close_source, fingerprint, locate
 from .sources.wrapper import SourceWrapper
+from .stats import LoaderStats
 
 if TYPE_CHECKING:  # the frameworks are imported only when asked for
     import tensorflow as tf
@@ -71,18 +73,27 @@ class Loader:
     position). ``loader.epoch(e)`` yields the batches of epoch ``e`` from its start.
     """
 
-    def __init__(self, source: Any, batch_size: int | None = None, *, config: LoaderConfig | None = None,
-                 read: ReadOptions | None = None, execution: ExecutionOptions | None = None,
-                 failure: FailureOptions | None = None, sharding: ShardOptions | None = None,
-                 **options: Any) -> None:
+    def __init__(
+        self,
+        source: Any,
+        batch_size: int | None = None,
+        *,
+        config: LoaderConfig | None = None,
+        read: ReadOptions | None = None,
+        execution: ExecutionOptions | None = None,
+        failure: FailureOptions | None = None,
+        sharding: ShardOptions | None = None,
+        **options: Any,
+    ) -> None:
         check_source(source)
         if batch_size is not None:
             options["batch_size"] = batch_size
         if config is not None and not isinstance(config, LoaderConfig):
             raise TypeError(f"config must be a LoaderConfig, got {type(config).__name__}")
         self.source = source
-        self.config = LoaderConfig.build(config, read=read, execution=execution, failure=failure,
-                                         sharding=sharding, **options)
+        self.config = LoaderConfig.build(
+            config, read=read, execution=execution, failure=failure, sharding=sharding, **options
+        )
         refuse_unsupported(source, self.config.execution)  # before anything starts, so nothing is left running
         cfg = self.config.read
         self.sampler = cfg.sampler or (ShuffleSampler() if cfg.shuffle else SequentialSampler())
@@ -105,7 +116,7 @@ class Loader:
         self._closed = False
         self._finalizer = weakref.finalize(self, _shutdown_pool, self.__dict__)
 
-    def replace(self, **changes: Any) -> "Loader":
+    def replace(self, **changes: Any) -> Loader:
         """A new loader over the same source with some options changed, e.g.
         ``loader.replace(workers=4, mode="process")``. The new loader starts at epoch 0, with
         this one's exclusions (``exclude()`` included) unless ``exclude`` is among the changes."""
@@ -123,9 +134,14 @@ class Loader:
             order = order_of(self.sampler, len(self.source), read.seed, epoch)
             order = excluding(order, self._exclusions.at(epoch))
             levels = self._remainder[1] if self._remainder and self._remainder[0] == epoch else []
-            plan = EpochPlan(order, batch_size=read.batch_size, shard_index=shard.shard_index,
-                             shard_count=shard.shard_count, last_batch=read.last_batch,
-                             remainder=remainder_chain(len(order), levels))
+            plan = EpochPlan(
+                order,
+                batch_size=read.batch_size,
+                shard_index=shard.shard_index,
+                shard_count=shard.shard_count,
+                last_batch=read.last_batch,
+                remainder=remainder_chain(len(order), levels),
+            )
             self._cached_plan = (epoch, self._exclusions, plan)
         return plan
 
@@ -165,14 +181,23 @@ class Loader:
             raise RuntimeError("this Loader is closed")
         plan = self._plan(epoch)
         if not self._active.acquire(blocking=False):
-            raise RuntimeError("this Loader is already running an epoch; finish or close that iterator first (a "
-                               "KerasDataset keeps the epoch it serves open between Keras calls: close() it)")
+            raise RuntimeError(
+                "this Loader is already running an epoch; finish or close that iterator first (a "
+                "KerasDataset keeps the epoch it serves open between Keras calls: close() it)"
+            )
         started = time.perf_counter()  # first-batch latency includes starting the workers
         self._running = epoch
         try:
             self._choose_reader()
-            run = self._epoch_run(self._ensure_pool(), self._handoff, plan, epoch, start,
-                                  self.config.execution.effective_prefetch, self._stats)
+            run = self._epoch_run(
+                self._ensure_pool(),
+                self._handoff,
+                plan,
+                epoch,
+                start,
+                self.config.execution.effective_prefetch,
+                self._stats,
+            )
             if self._autopack is not None and self._reader is self.source:
                 self._autopack.start(self.source)  # packs in the background while this epoch reads the files
             skipped_before = self._quarantine.count(epoch)
@@ -205,10 +230,20 @@ class Loader:
 
     def _epoch_run(self, pool, handoff, plan, epoch: int, start: int, prefetch: int, stats: LoaderStats) -> EpochRun:
         failure = self.config.failure
-        return EpochRun(pool, plan, epoch=epoch, start=start, prefetch=prefetch, retries=failure.retries,
-                        stop_on_failure=pool.ctx.stop_on_failure, task_ids=self._task_ids,
-                        max_blameless_deaths=max(3, 2 * self.config.execution.workers), stats=stats,
-                        handoff=handoff, budget=self._budget)
+        return EpochRun(
+            pool,
+            plan,
+            epoch=epoch,
+            start=start,
+            prefetch=prefetch,
+            retries=failure.retries,
+            stop_on_failure=pool.ctx.stop_on_failure,
+            task_ids=self._task_ids,
+            max_blameless_deaths=max(3, 2 * self.config.execution.workers),
+            stats=stats,
+            handoff=handoff,
+            budget=self._budget,
+        )
 
     def peek(self, batch_index: int = 0, epoch: int | None = None) -> dict:
         """Batch ``batch_index`` of ``epoch`` (default: the cursor's), computed in this thread.
@@ -221,8 +256,15 @@ class Loader:
         plan = self._plan(epoch)
         if not 0 <= batch_index < len(plan):
             raise IndexError(f"batch {batch_index} out of range: epoch {epoch} has {len(plan)} batches")
-        run = self._epoch_run(InlinePool(self._work_context(stop_on_failure=True)), FixedHandoff(to_workers=False),
-                              plan, epoch, batch_index, prefetch=1, stats=LoaderStats())
+        run = self._epoch_run(
+            InlinePool(self._work_context(stop_on_failure=True)),
+            FixedHandoff(to_workers=False),
+            plan,
+            epoch,
+            batch_index,
+            prefetch=1,
+            stats=LoaderStats(),
+        )
         outcome = next(iter(run))
         if outcome.failures:
             raise self._sample_error(outcome.failures[0], epoch, batch_index)
@@ -251,8 +293,15 @@ class Loader:
 
     def _work_context(self, stop_on_failure: bool) -> WorkContext:
         read = self.config.read
-        return WorkContext(self._reader, read.transform, int(read.seed), self.config.failure.retries, stop_on_failure,
-                           self.config.execution.worker_niceness, read.collate)
+        return WorkContext(
+            self._reader,
+            read.transform,
+            int(read.seed),
+            self.config.failure.retries,
+            stop_on_failure,
+            self.config.execution.worker_niceness,
+            read.collate,
+        )
 
     def _public(self, batch: dict) -> dict:
         """The batch as users see it: "id" only when asked for."""
@@ -264,8 +313,14 @@ class Loader:
         if self._pool is None:
             execution, failure = self.config.execution, self.config.failure
             ctx = self._work_context(stop_on_failure=failure.on_error == "raise")
-            self._pool = make_pool(execution.mode, execution.workers, ctx, failure.timeout,
-                                   transport=execution.transport, stats=self._stats)
+            self._pool = make_pool(
+                execution.mode,
+                execution.workers,
+                ctx,
+                failure.timeout,
+                transport=execution.transport,
+                stats=self._stats,
+            )
             self._handoff = make_handoff(self.config)
         return self._pool
 
@@ -277,11 +332,17 @@ class Loader:
         if failures and policy.on_error == "raise":
             raise self._sample_error(failures[0], epoch, spec.index)
         for failure in failures:
-            self._quarantine.add(QuarantineEntry(
-                sample_id=failure.sample_id, epoch=epoch, batch_index=spec.index, attempts=failure.attempts,
-                error_type=failure.error_type, message=failure.message,
-                location=locate(self.source, failure.sample_id),
-            ))
+            self._quarantine.add(
+                QuarantineEntry(
+                    sample_id=failure.sample_id,
+                    epoch=epoch,
+                    batch_index=spec.index,
+                    attempts=failure.attempts,
+                    error_type=failure.error_type,
+                    message=failure.message,
+                    location=locate(self.source, failure.sample_id),
+                )
+            )
         self._stats.skipped += len(failures)
         self._stats.count_components(self.source, (), [f.sample_id for f in failures])
         skipped = self._quarantine.count(epoch) - skipped_before
@@ -317,8 +378,13 @@ class Loader:
             # ignore: mypy checks a class against Hashable by its instances' __hash__ (python/mypy#11470)
             cls = with_original_type(cls, type(failure.exception))  # type: ignore[arg-type]
         error = cls(
-            message, sample_id=failure.sample_id, epoch=epoch, batch_index=batch_index,
-            attempts=failure.attempts, error_type=failure.error_type, location=where,
+            message,
+            sample_id=failure.sample_id,
+            epoch=epoch,
+            batch_index=batch_index,
+            attempts=failure.attempts,
+            error_type=failure.error_type,
+            location=where,
             worker_traceback=failure.traceback,
         )
         error.__cause__ = failure.exception
@@ -384,9 +450,15 @@ class Loader:
         read = self.config.read
         if self._source_identity is None:  # a fingerprint() may stat every file: once per loader
             self._source_identity = source_identity(self.source)
-        return {"num_items": len(self.source), "source": self._source_identity, "batch_size": read.batch_size,
-                "seed": int(read.seed), "sampler": repr(self.sampler), "order": ORDER_FORMAT,
-                "last_batch": read.last_batch}
+        return {
+            "num_items": len(self.source),
+            "source": self._source_identity,
+            "batch_size": read.batch_size,
+            "seed": int(read.seed),
+            "sampler": repr(self.sampler),
+            "order": ORDER_FORMAT,
+            "last_batch": read.last_batch,
+        }
 
     def state_dict(self) -> dict:
         """Where the loader stands: the next batch to hand out. JSON-serializable; the states of
@@ -394,11 +466,16 @@ class Loader:
         epoch, next_batch = self._cursor
         shard = self.config.sharding
         levels = self._remainder[1] if self._remainder and self._remainder[0] == epoch else []
-        return {"format": STATE_FORMAT, "epoch": epoch, "next_batch": next_batch, "fingerprint": self._fingerprint(),
-                "shard": {"index": shard.shard_index, "count": shard.shard_count},
-                "order_length": len(self._plan(epoch).order),
-                "remainder": {"epoch": epoch, "levels": levels} if levels else None,
-                "excluded": self._exclusions.as_state()}
+        return {
+            "format": STATE_FORMAT,
+            "epoch": epoch,
+            "next_batch": next_batch,
+            "fingerprint": self._fingerprint(),
+            "shard": {"index": shard.shard_index, "count": shard.shard_count},
+            "order_length": len(self._plan(epoch).order),
+            "remainder": {"epoch": epoch, "levels": levels} if levels else None,
+            "excluded": self._exclusions.as_state(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``; workers and mode may differ from the saving loader's, the
@@ -420,8 +497,9 @@ class Loader:
         try:
             saved = self._checked_exclusions(Exclusions.from_state(state.get("excluded")))
             start = epoch + (int(state["next_batch"]) > 0)
-            own = Exclusions(self._exclusions.ids, np.maximum(self._exclusions.from_epoch, start),
-                             self._exclusions.reasons)
+            own = Exclusions(
+                self._exclusions.ids, np.maximum(self._exclusions.from_epoch, start), self._exclusions.reasons
+            )
             self._exclusions = saved.merged(own)
             saved_length, length = state.get("order_length"), len(self._plan(epoch).order)
             if saved_length is not None and saved_length != length:
@@ -435,31 +513,48 @@ class Loader:
         shard = self.config.sharding
         if saved is None or (saved["index"], saved["count"]) == (shard.shard_index, shard.shard_count):
             return
-        hint = ("; to resume on another number of shards, merge the states of all shards with "
-                "steadyfeed.merge_states(states)" if saved["count"] != shard.shard_count else "")
-        raise ValueError(f"this state was saved by shard {saved['index']} of {saved['count']}, this loader is shard "
-                         f"{shard.shard_index} of {shard.shard_count}{hint}")
+        hint = (
+            "; to resume on another number of shards, merge the states of all shards with "
+            "steadyfeed.merge_states(states)"
+            if saved["count"] != shard.shard_count
+            else ""
+        )
+        raise ValueError(
+            f"this state was saved by shard {saved['index']} of {saved['count']}, this loader is shard "
+            f"{shard.shard_index} of {shard.shard_count}{hint}"
+        )
 
     # -- frameworks (imported only when asked for) -------------------------------------
-    def as_keras(self, x: str | Sequence[str] | Mapping[str, str] = "x",
-                 y: str | Sequence[str] | Mapping[str, str] | None = "y", sample_weight: str | None = None, *,
-                 steps_per_epoch: int | None = None,
-                 padding: str | None = None) -> KerasDataset:
+    def as_keras(
+        self,
+        x: str | Sequence[str] | Mapping[str, str] = "x",
+        y: str | Sequence[str] | Mapping[str, str] | None = "y",
+        sample_weight: str | None = None,
+        *,
+        steps_per_epoch: int | None = None,
+        padding: str | None = None,
+    ) -> KerasDataset:
         """A ``keras.utils.PyDataset`` for fit/evaluate/predict (the ``keras`` extra): one Keras
         epoch is one loader epoch, every sample once, in the loader's order and with its workers.
         ``x`` / ``y`` name a key, a tuple of keys or ``{input name: key}``; see
         ``steadyfeed.keras.KerasDataset`` for the arguments and guarantees."""
         from .integration.keras_dataset import KerasDataset
-        return KerasDataset(self, x=x, y=y, sample_weight=sample_weight, steps_per_epoch=steps_per_epoch,
-                            padding=padding)
 
-    def as_tf_dataset(self, x: str | Sequence[str] | Mapping[str, str] | None = None,
-                      y: str | Sequence[str] | Mapping[str, str] | None = None) -> tf.data.Dataset:
+        return KerasDataset(
+            self, x=x, y=y, sample_weight=sample_weight, steps_per_epoch=steps_per_epoch, padding=padding
+        )
+
+    def as_tf_dataset(
+        self,
+        x: str | Sequence[str] | Mapping[str, str] | None = None,
+        y: str | Sequence[str] | Mapping[str, str] | None = None,
+    ) -> tf.data.Dataset:
         """A ``tf.data.Dataset`` over ``iter(self)`` (the ``tf`` extra): each iteration is the
         loader's batches from its cursor to the end of that epoch, each once, in its order;
         ``element_spec`` is exact (padded dimensions ``None``); never re-sharded by
         ``tf.distribute``. With ``x`` / ``y``, elements are ``(x, y)`` as ``as_keras`` gives them."""
         from .integration.tf_dataset import to_tf_dataset
+
         return to_tf_dataset(self, x=x, y=y)
 
     def as_torch(self) -> TorchBatches:
@@ -467,6 +562,7 @@ class Loader:
         copy); ``iter(ds)`` is ``iter(loader)``. Use it directly or as ``DataLoader(ds,
         batch_size=None, num_workers=0)``: steadyfeed's workers are the workers."""
         from .integration.torch_dataset import TorchBatches
+
         return TorchBatches(self)
 
     # -- lifetime -------------------------------------------------------------------------
@@ -484,7 +580,7 @@ class Loader:
             close_reader(self._reader, self.source)
             close_source(self.source)
 
-    def __enter__(self) -> "Loader":
+    def __enter__(self) -> Loader:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -496,8 +592,10 @@ class Loader:
 
     def __repr__(self) -> str:
         read, execution = self.config.read, self.config.execution
-        return (f"Loader({self.source!r}, batch_size={read.batch_size}, workers={execution.workers}, "
-                f"mode={execution.mode!r}, sampler={self.sampler!r})")
+        return (
+            f"Loader({self.source!r}, batch_size={read.batch_size}, workers={execution.workers}, "
+            f"mode={execution.mode!r}, sampler={self.sampler!r})"
+        )
 
 
 def refuse_unsupported(source: Any, execution: ExecutionOptions) -> None:
@@ -506,8 +604,9 @@ def refuse_unsupported(source: Any, execution: ExecutionOptions) -> None:
     ``unsupported(mode, workers)`` says why not (a Ray Dataset source in process mode)."""
     mode, workers = execution.mode, execution.workers
     if mode == "ray" and workers > 0 and importlib.util.find_spec("ray") is None:
-        raise ModuleNotFoundError("mode='ray' needs Ray: pip install 'steadyfeed[ray]', or use mode='thread' or "
-                                  "mode='process'")
+        raise ModuleNotFoundError(
+            "mode='ray' needs Ray: pip install 'steadyfeed[ray]', or use mode='thread' or mode='process'"
+        )
     layer = source
     while layer is not None:
         check = getattr(layer, "unsupported", None)
@@ -531,7 +630,8 @@ def check_state_format(state: dict) -> None:
         raise ValueError(
             f"this state was saved by an older steadyfeed ({saved}: {_OLD_FORMATS[saved]}); this version draws "
             f"other orders ({STATE_FORMAT}, order {ORDER_FORMAT}), so the saved position would resume another "
-            "order: restart the epoch instead (loader.seek(epoch))")
+            "order: restart the epoch instead (loader.seek(epoch))"
+        )
     if saved != STATE_FORMAT:
         raise ValueError(f"not a steadyfeed loader state (format {saved!r}, expected {STATE_FORMAT!r})")
 
@@ -541,5 +641,7 @@ def source_identity(source: Any) -> dict:
     address): two datasets of one length but different content or kind tell apart."""
     kind = type(source)
     fp = fingerprint(source)
-    return {"type": f"{kind.__module__}.{kind.__qualname__}",
-            "fingerprint": fp if fp is not None else re.sub(r" at 0x[0-9a-fA-F]+", "", repr(source))}
+    return {
+        "type": f"{kind.__module__}.{kind.__qualname__}",
+        "fingerprint": fp if fp is not None else re.sub(r" at 0x[0-9a-fA-F]+", "", repr(source)),
+    }

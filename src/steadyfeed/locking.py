@@ -21,13 +21,15 @@ one), so a source or transform holding it travels to process workers; with ``tim
 a thread that cannot get its turn in time raises TimeoutError naming the function
 instead of waiting forever behind a hung call.
 """
+
 from __future__ import annotations
 
 import functools
 import os
 import sys
 import threading
-from typing import Any, Callable, overload
+from collections.abc import Callable
+from typing import Any, overload
 
 
 class Serialized:
@@ -80,8 +82,9 @@ def _lookup(module: str, qualname: str) -> Any:
 def serialized(fn: Callable, *, timeout: float | None = None) -> Serialized: ...
 @overload
 def serialized(fn: None = None, *, timeout: float | None = None) -> Callable[[Callable], Serialized]: ...
-def serialized(fn: Callable | None = None, *,
-               timeout: float | None = None) -> Serialized | Callable[[Callable], Serialized]:
+def serialized(
+    fn: Callable | None = None, *, timeout: float | None = None
+) -> Serialized | Callable[[Callable], Serialized]:
     """Wrap ``fn`` so that only one thread (per process) runs it at a time.
 
     Use as ``decode = serialized(lib.decode)``, ``serialized(lib.decode, timeout=30)``, or

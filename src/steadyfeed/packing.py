@@ -27,6 +27,7 @@ Guarantees:
   can read the shards;
 * ``tf.data.TFRecordDataset`` reads the shards as they are.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,9 +35,10 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Generator, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -48,8 +50,18 @@ from .progress import progress_bar
 from .quarantine import QuarantineEntry
 from .sources.base import close_source, locate, read_many
 from .sources.tfrecord import (
-    FRAMING_BYTES, INDEX_SUFFIX, MANIFEST_NAME, FeatureSpec, RecordWriter, check_sample, encode_example, index_path,
-    infer_specs, manifest_dict, require_support, save_index,
+    FRAMING_BYTES,
+    INDEX_SUFFIX,
+    MANIFEST_NAME,
+    FeatureSpec,
+    RecordWriter,
+    check_sample,
+    encode_example,
+    index_path,
+    infer_specs,
+    manifest_dict,
+    require_support,
+    save_index,
 )
 
 DEFAULT_SHARD_SIZE = 10_000
@@ -58,9 +70,17 @@ CHUNK_BYTES = 4 << 20  # encoded bytes per worker task: big enough to amortize a
 MAX_CHUNK = 256
 
 
-def pack(source: Any, out_dir: str | os.PathLike[str], shard_size: int = DEFAULT_SHARD_SIZE, *,
-         workers: int = 0, mode: str = "thread", progress: bool = True, on_error: OnError = "raise",
-         max_error_fraction: float = 0.1) -> Path:
+def pack(
+    source: Any,
+    out_dir: str | os.PathLike[str],
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    *,
+    workers: int = 0,
+    mode: str = "thread",
+    progress: bool = True,
+    on_error: OnError = "raise",
+    max_error_fraction: float = 0.1,
+) -> Path:
     """Write ``source`` (``len`` + ``getitem``) or an iterable of sample dicts to ``out_dir``.
 
     ``shard_size`` records go in each shard. A source is read and encoded by a Loader with
@@ -85,10 +105,14 @@ def pack(source: Any, out_dir: str | os.PathLike[str], shard_size: int = DEFAULT
     shards = _Shards(staging, int(shard_size))
     try:
         encoder = SampleEncoder()
-        chunks = (_source_chunks(source, encoder, workers, mode, skipped) if is_source
-                  else _iterable_chunks(source, encoder, skipped))
-        bar = progress_bar(len(source) if is_source else None, f"pack {out_dir.name}", unit=" samples",
-                           enabled=progress, leave=True)
+        chunks = (
+            _source_chunks(source, encoder, workers, mode, skipped)
+            if is_source
+            else _iterable_chunks(source, encoder, skipped)
+        )
+        bar = progress_bar(
+            len(source) if is_source else None, f"pack {out_dir.name}", unit=" samples", enabled=progress, leave=True
+        )
         with contextlib.closing(chunks), bar:
             counts = _write_shards(chunks, shards, bar)
         skipped.check(sum(counts) + len(skipped.entries), final=True)
@@ -102,7 +126,7 @@ def pack(source: Any, out_dir: str | os.PathLike[str], shard_size: int = DEFAULT
     return out_dir
 
 
-def _no_room(out_dir: Path, shards: "_Shards", total: int | None):
+def _no_room(out_dir: Path, shards: _Shards, total: int | None):
     """DiskFull for a pack that filled its filesystem: the bytes it needs, estimated from the
     records written so far (at least those, for an iterable of unknown length)."""
     written, records = shards.bytes, shards.records
@@ -110,8 +134,13 @@ def _no_room(out_dir: Path, shards: "_Shards", total: int | None):
         needed, how = written * total // records, f"estimated from the {records:,} of {total:,} samples written"
     else:
         needed, how = written, "at least: what was written before it filled"
-    return disk_full(out_dir, needed, what="the pack", how=how,
-                     then="nothing was published, and the hidden staging directory is removed")
+    return disk_full(
+        out_dir,
+        needed,
+        what="the pack",
+        how=how,
+        then="nothing was published, and the hidden staging directory is removed",
+    )
 
 
 # -- encoding -------------------------------------------------------------------------------------
@@ -156,15 +185,25 @@ class _Skipped:
             raise TooManyErrors(
                 f"{len(self.entries)} of {total} samples failed to read, more than max_error_fraction="
                 f"{self.policy.max_error_fraction}; last: sample {last.sample_id}"
-                f"{f' ({last.location})' if last.location else ''}: {last.error_type}: {last.message}")
+                f"{f' ({last.location})' if last.location else ''}: {last.error_type}: {last.message}"
+            )
 
     def report(self) -> list[dict]:
         return [asdict(e) for e in self.entries]
 
 
 def _entry(sample_id: int, chunk: int, where: str | None, exc: BaseException) -> dict:
-    return asdict(QuarantineEntry(sample_id=sample_id, epoch=0, batch_index=chunk, attempts=1,
-                                  error_type=type(exc).__name__, message=str(exc), location=where))
+    return asdict(
+        QuarantineEntry(
+            sample_id=sample_id,
+            epoch=0,
+            batch_index=chunk,
+            attempts=1,
+            error_type=type(exc).__name__,
+            message=str(exc),
+            location=where,
+        )
+    )
 
 
 class _EncodedChunks:
@@ -197,9 +236,11 @@ class _EncodedChunks:
                 failed.append(_entry(i, c, locate(self.source, i), exc.__cause__ or exc))
                 continue
             records.append(self.encode(i, sample))
-        return {"data": np.frombuffer(b"".join(records), dtype=np.uint8),
-                "lengths": np.array([len(r) for r in records], dtype=np.int64),
-                "failed": np.frombuffer(json.dumps(failed).encode(), dtype=np.uint8)}
+        return {
+            "data": np.frombuffer(b"".join(records), dtype=np.uint8),
+            "lengths": np.array([len(r) for r in records], dtype=np.int64),
+            "failed": np.frombuffer(json.dumps(failed).encode(), dtype=np.uint8),
+        }
 
     def read(self, i: int) -> Any:
         try:
@@ -239,8 +280,9 @@ def _first_record(source: Any, encoder: SampleEncoder, skip: bool) -> bytes:
     return b""
 
 
-def _source_chunks(source: Any, encoder: SampleEncoder, workers: int, mode: str,
-                   skipped: _Skipped) -> Generator[list[bytes], None, None]:
+def _source_chunks(
+    source: Any, encoder: SampleEncoder, workers: int, mode: str, skipped: _Skipped
+) -> Generator[list[bytes], None, None]:
     """The source's records, a chunk at a time, in sample id order."""
     if len(source) == 0:
         return
@@ -259,8 +301,9 @@ def _source_chunks(source: Any, encoder: SampleEncoder, workers: int, mode: str,
             raise
 
 
-def _iterable_chunks(iterable: Iterable, encoder: SampleEncoder,
-                     skipped: _Skipped) -> Generator[list[bytes], None, None]:
+def _iterable_chunks(
+    iterable: Iterable, encoder: SampleEncoder, skipped: _Skipped
+) -> Generator[list[bytes], None, None]:
     """An iterable's records one at a time. Nothing is skipped here: a generator that raises
     cannot go on, and a sample unlike the first is not the sample's failure."""
     for i, sample in enumerate(iterable):

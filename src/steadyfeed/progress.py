@@ -3,6 +3,7 @@
 stdout stays clean for reports and ``--json``; a missing tqdm (the ``cli`` extra) costs
 the bar, never the command.
 """
+
 from __future__ import annotations
 
 import sys
@@ -14,7 +15,7 @@ class _Silent:
     def __getattr__(self, name: str):
         return lambda *args, **kwargs: None
 
-    def __enter__(self) -> "_Silent":
+    def __enter__(self) -> _Silent:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -17,11 +17,13 @@ Image checks (``"blur"``, ``"underexposed"``, ``"overexposed"``, ``"low_contrast
 statistics (``diagnostics/image_quality.py``), so they are not in :data:`CHECKS`: the same
 three places compute their scores and thresholds there.
 """
+
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -61,8 +63,10 @@ def check_names(names: Iterable[str] | str) -> tuple[str, ...]:
         expanded += CHECKS if name == "all" else image_quality.CHECKS if name == "image" else [name]
     unknown = [n for n in expanded if n not in CHECKS and n not in image_quality.CHECKS]
     if unknown:
-        raise ValueError(f"unknown check(s) {', '.join(map(repr, unknown))}; known: "
-                         f"{', '.join([*CHECKS, *image_quality.CHECKS])}, all, image")
+        raise ValueError(
+            f"unknown check(s) {', '.join(map(repr, unknown))}; known: "
+            f"{', '.join([*CHECKS, *image_quality.CHECKS])}, all, image"
+        )
     return tuple(dict.fromkeys(expanded))
 
 
@@ -88,28 +92,40 @@ class Problem:
         return {"sample_id": _plain(self.sample_id), "key": self.key, "check": self.check, "detail": self.detail}
 
 
-def sample_problems(sample_id: Any, sample: Mapping[str, Any], checks: Sequence[str],
-                    keys: Iterable[str] | None = None) -> list[Problem]:
+def sample_problems(
+    sample_id: Any, sample: Mapping[str, Any], checks: Sequence[str], keys: Iterable[str] | None = None
+) -> list[Problem]:
     """Every failed per-sample check of one sample, over ``keys`` (default: all of its keys);
     image checks, which need thresholds, are left to :func:`image_problems`."""
     found = []
     for key in sample if keys is None else keys:
         if key in sample:
             a = np.asarray(sample[key])
-            found += [Problem(sample_id, key, name, detail) for name in checks
-                      if name in CHECKS and (detail := CHECKS[name](a)) is not None]
+            found += [
+                Problem(sample_id, key, name, detail)
+                for name in checks
+                if name in CHECKS and (detail := CHECKS[name](a)) is not None
+            ]
     return found
 
 
-def image_problems(sample_id: Any, sample: Mapping[str, Any], limits: Mapping[str, float],
-                   keys: Iterable[str] | None = None, value_range: float | None = None) -> list[Problem]:
+def image_problems(
+    sample_id: Any,
+    sample: Mapping[str, Any],
+    limits: Mapping[str, float],
+    keys: Iterable[str] | None = None,
+    value_range: float | None = None,
+) -> list[Problem]:
     """Every image check of ``limits`` (check -> threshold) that an image key of the sample fails."""
     found = []
     for key in sample if keys is None else keys:
         if key in sample and image_quality.is_image(sample[key]):
             scores = image_quality.scores(sample[key], value_range)
-            found += [Problem(sample_id, key, name, image_quality.problem(name, float(scores[name][0]), limit))
-                      for name, limit in limits.items() if image_quality.flagged(name, scores[name], limit)[0]]
+            found += [
+                Problem(sample_id, key, name, image_quality.problem(name, float(scores[name][0]), limit))
+                for name, limit in limits.items()
+                if image_quality.flagged(name, scores[name], limit)[0]
+            ]
     return found
 
 
@@ -136,29 +152,46 @@ class Checked(SourceWrapper):
     sample by the Loader, so the failure is pinned on its own id. Picklable when the source is.
     """
 
-    def __init__(self, source: Any, checks: Iterable[str] | str = ("finite", "not_constant"), *,
-                 keys: Iterable[str] | None = None, shapes: Mapping[str, Sequence[int]] | None = None,
-                 thresholds: Mapping[str, float] | None = None, calibrate: int = 1000,
-                 value_range: float | None = None) -> None:
+    def __init__(
+        self,
+        source: Any,
+        checks: Iterable[str] | str = ("finite", "not_constant"),
+        *,
+        keys: Iterable[str] | None = None,
+        shapes: Mapping[str, Sequence[int]] | None = None,
+        thresholds: Mapping[str, float] | None = None,
+        calibrate: int = 1000,
+        value_range: float | None = None,
+    ) -> None:
         super().__init__(source)
         self.checks = check_names(checks)
         self.keys = None if keys is None else tuple(keys)
         self.shapes = {key: tuple(int(d) for d in shape) for key, shape in (shapes or {}).items()}
         self.value_range = value_range
         wanted = image_checks(self.checks)
-        self.thresholds = image_quality.calibrate(source, wanted, self.keys, samples=calibrate, given=thresholds,
-                                                  value_range=value_range) if wanted else {}
+        self.thresholds = (
+            image_quality.calibrate(
+                source, wanted, self.keys, samples=calibrate, given=thresholds, value_range=value_range
+            )
+            if wanted
+            else {}
+        )
 
     def wrap_sample(self, i: int, sample: Mapping[str, Any]) -> Mapping[str, Any]:
         problems = sample_problems(i, sample, self.checks, self.keys)
         if self.thresholds:
             problems += image_problems(i, sample, self.thresholds, self.keys, self.value_range)
-        problems += [Problem(i, key, "shape", f"expected shape {shape}, found {np.shape(sample[key])}")
-                     for key, shape in self.shapes.items() if np.shape(sample[key]) != shape]
+        problems += [
+            Problem(i, key, "shape", f"expected shape {shape}, found {np.shape(sample[key])}")
+            for key, shape in self.shapes.items()
+            if np.shape(sample[key]) != shape
+        ]
         if problems:
             where = locate(self.source, i)
-            raise DataError(f"{problems[0]}{f' ({where})' if where else ''}"
-                            + (f"; and {len(problems) - 1} more" if len(problems) > 1 else ""))
+            raise DataError(
+                f"{problems[0]}{f' ({where})' if where else ''}"
+                + (f"; and {len(problems) - 1} more" if len(problems) > 1 else "")
+            )
         return sample
 
     def _repr_options(self) -> str:
@@ -177,8 +210,12 @@ class Outliers:
 
     def as_dict(self, limit: int | None = None) -> dict:
         """JSON-ready; ``limit`` caps the items listed (``count`` stays complete)."""
-        return {"common": _plain(self.common), "common_count": self.common_count, "count": len(self.items),
-                "items": [_plain(i) for i in self.items[:limit]]}
+        return {
+            "common": _plain(self.common),
+            "common_count": self.common_count,
+            "count": len(self.items),
+            "items": [_plain(i) for i in self.items[:limit]],
+        }
 
 
 def outliers(values: Mapping[Any, Hashable]) -> Outliers | None:

@@ -11,6 +11,7 @@ half a line. When it cannot be written (a full disk, a read-only directory), one
 stays as it was, a prefix of the report (no gaps), and training goes on: the report in
 memory keeps every entry.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,9 +49,13 @@ class Quarantine:
                 append_whole(self.path, (json.dumps(asdict(entry)) + "\n").encode("utf-8"))
             except OSError as exc:
                 self.unwritten = str(exc)
-                warnings.warn(f"the quarantine file {self.path} cannot take entry {len(self.entries)} ({exc}); it "
-                              f"keeps the {len(self.entries) - 1} entries before, and loader.quarantine_report() "
-                              "every one", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"the quarantine file {self.path} cannot take entry {len(self.entries)} ({exc}); it "
+                    f"keeps the {len(self.entries) - 1} entries before, and loader.quarantine_report() "
+                    "every one",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
 
     def count(self, epoch: int) -> int:
         return self._per_epoch[epoch]

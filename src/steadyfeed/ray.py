@@ -15,6 +15,7 @@ in ``execution/ray_pool.py``, so the core never needs it (``pip install 'steadyf
   in an order that does not depend on how Ray ran it; ``to_ray_dataset(loader, epoch)``
   streams an epoch's batches out as a Ray Dataset.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -22,7 +23,8 @@ import functools
 import os
 import pickle
 import zlib
-from typing import TYPE_CHECKING, Any, Iterator, cast
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import ray  # absolute import: the Ray package, not this module
@@ -67,8 +69,9 @@ class RayDatasetSource:
     resumes only on the same rows in the same order.
     """
 
-    def __init__(self, block_refs: list, offsets: list[int], *, digest: str, address: str,
-                 key: str | None = None) -> None:
+    def __init__(
+        self, block_refs: list, offsets: list[int], *, digest: str, address: str, key: str | None = None
+    ) -> None:
         self.block_refs, self.offsets = block_refs, offsets  # offsets[k] = first row of block k
         self.digest, self.address, self.key = digest, address, key
         self._cached: tuple[int, dict] | None = None
@@ -95,12 +98,16 @@ class RayDatasetSource:
     def unsupported(self, mode: str, workers: int) -> str | None:
         """Why a Loader cannot read this source with ``mode`` and ``workers``, and what to use instead."""
         if workers > 0 and mode == "process":
-            return ("its rows live in Ray's object store, which spawned worker processes cannot read (they are not "
-                    "Ray workers, and each would start a Ray of its own): use mode='ray' (Ray actors) or "
-                    "mode='thread'")
+            return (
+                "its rows live in Ray's object store, which spawned worker processes cannot read (they are not "
+                "Ray workers, and each would start a Ray of its own): use mode='ray' (Ray actors) or "
+                "mode='thread'"
+            )
         if not ray.is_initialized():
-            return (f"its rows live in the object store of the Ray session at {self.address}, and this process is "
-                    "not connected to Ray: build the source again after steadyfeed.ray.init()")
+            return (
+                f"its rows live in the object store of the Ray session at {self.address}, and this process is "
+                "not connected to Ray: build the source again after steadyfeed.ray.init()"
+            )
         return None
 
     def __getstate__(self) -> dict:
@@ -143,8 +150,13 @@ def source_from_ray_dataset(ds: ray.data.Dataset, key: str | None = None) -> Ray
     for _, info in blocks:
         digest = (digest + pow(_BASE, offsets[-1], _MOD) * info["digest"]) % _MOD
         offsets.append(offsets[-1] + info["rows"])
-    return RayDatasetSource([ref for ref, _ in blocks], offsets, digest=f"{offsets[-1]} rows, {digest:016x}",
-                            address=ray.get_runtime_context().gcs_address, key=key)
+    return RayDatasetSource(
+        [ref for ref, _ in blocks],
+        offsets,
+        digest=f"{offsets[-1]} rows, {digest:016x}",
+        address=ray.get_runtime_context().gcs_address,
+        key=key,
+    )
 
 
 def _check_columns(columns: list[str], key: str | None) -> None:
@@ -152,7 +164,8 @@ def _check_columns(columns: list[str], key: str | None) -> None:
     if clash:
         raise ValueError(
             f"the Ray dataset has a column {clash[0]!r}, which steadyfeed's batches use for the sample id (it would be "
-            f"overwritten); rename it first, e.g. ds = ds.rename_columns({{{clash[0]!r}: 'row_id'}})")
+            f"overwritten); rename it first, e.g. ds = ds.rename_columns({{{clash[0]!r}: 'row_id'}})"
+        )
     if key is not None and key not in columns:
         raise ValueError(f"key={key!r} is not a column of the Ray dataset (columns: {columns})")
 
@@ -184,8 +197,9 @@ def _index_block(block: Any, key: str | None) -> tuple[dict, dict]:
     info = {"rows": rows, "digest": _digest(arrays, rows)}
     if key is not None and rows:
         values = arrays[key]
-        info.update(first=_scalar(values[0]), last=_scalar(values[-1]),
-                    unique_sorted=bool(np.all(values[:-1] < values[1:])))
+        info.update(
+            first=_scalar(values[0]), last=_scalar(values[-1]), unique_sorted=bool(np.all(values[:-1] < values[1:]))
+        )
     return arrays, info
 
 
@@ -232,12 +246,15 @@ def _in_key_order(blocks: list, key: str) -> list:
     blocks = sorted(blocks, key=lambda b: b[1]["first"])
     for (_, a), (_, b) in zip(blocks, blocks[1:]):
         if not a["last"] < b["first"]:
-            raise ValueError(f"key={key!r} is not unique: {a['last']!r} appears more than once, so the order of those "
-                             "rows would be Ray's; name a column with one value per row")
+            raise ValueError(
+                f"key={key!r} is not unique: {a['last']!r} appears more than once, so the order of those "
+                "rows would be Ray's; name a column with one value per row"
+            )
     for _, info in blocks:
         if not info["unique_sorted"]:
-            raise ValueError(f"key={key!r} is not unique (a value repeats within a block); name a column with one "
-                             "value per row")
+            raise ValueError(
+                f"key={key!r} is not unique (a value repeats within a block); name a column with one value per row"
+            )
     return blocks
 
 
@@ -261,7 +278,8 @@ def to_ray_dataset(loader: Loader, epoch: int = 0, *, block_bytes: int | None = 
         raise ValueError(
             "to_ray_dataset with on_error='skip' needs quarantine='FILE': the epoch runs in a Ray Data task on a "
             "copy of the loader, whose skipped samples this loader's quarantine_report() cannot see; pass "
-            "quarantine='skipped.jsonl' (appended to on this machine as they happen) or on_error='raise'")
+            "quarantine='skipped.jsonl' (appended to on this machine as they happen) or on_error='raise'"
+        )
     config = loader.config
     if failure.quarantine is not None:  # the task's working directory is not ours
         config = config.replace(quarantine=os.path.abspath(failure.quarantine))
@@ -287,8 +305,9 @@ class _EpochDatasource(Datasource):
     def supports_distributed_reads(self) -> bool:
         return False  # on this machine, like the loader it copies (and its quarantine file)
 
-    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
-                       data_context: Any = None) -> list[ReadTask]:
+    def get_read_tasks(
+        self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None
+    ) -> list[ReadTask]:
         metadata = BlockMetadata(num_rows=None, size_bytes=None, input_files=None, exec_stats=None)
         return [ReadTask(functools.partial(_epoch_blocks, self.source, self.config, self.epoch), metadata)]
 

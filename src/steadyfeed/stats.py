@@ -10,6 +10,7 @@ process: by its receiver thread in process mode, in its own thread with Ray), so
 with N workers they can add up to N times the wall time. ``wait_seconds`` is the
 consumer's time blocked waiting for the next batch: the training loop's idle time.
 """
+
 from __future__ import annotations
 
 import time
@@ -93,7 +94,8 @@ def stats_delta(before: dict, after: dict) -> dict:
     """What happened between two ``loader.stats()`` snapshots: every counter's difference,
     each stage's seconds, and the mean queue fill over the batches in between."""
     delta = {key: after[key] - before[key] for key in COUNTERS}
-    delta["stage_seconds"] = {stage: seconds - before["stage_seconds"].get(stage, 0.0)
-                              for stage, seconds in after["stage_seconds"].items()}
+    delta["stage_seconds"] = {
+        stage: seconds - before["stage_seconds"].get(stage, 0.0) for stage, seconds in after["stage_seconds"].items()
+    }
     delta["queue_fill_mean"] = delta["queue_fill_total"] / delta["batches"] if delta["batches"] else 0.0
     return delta

@@ -1,4 +1,5 @@
 """Byte sizes as people read them, one spelling for every message and table."""
+
 from __future__ import annotations
 
 _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")

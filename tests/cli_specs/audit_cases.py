@@ -3,6 +3,7 @@
 Module-level, so that process workers unpickle them by reference (the audit puts this
 file's directory on sys.path, which spawned workers inherit).
 """
+
 import numpy as np
 
 from steadyfeed import ArraySource, Loader, ShuffleSampler

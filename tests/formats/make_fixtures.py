@@ -7,6 +7,7 @@ change that would strand a user's checkpoint or packed data fails the suite.
 Run it once when a format gets a new version, for that version only (``--only NAME``); never
 regenerate the fixture of an older version: it stands for files users already have.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """Sources for the peer tests: module level, so process workers unpickle them by reference."""
+
 import numpy as np
 
 from steadyfeed import ArraySource

@@ -1,14 +1,14 @@
 """Mirrors keras v3.15.1 ``keras/src/trainers/epoch_iterator_test.py`` (see README.md), its PyDataset
 case ``test_epoch_callbacks``: Keras's EpochIterator over ``as_keras()`` calls the dataset's
 epoch hooks in order, once per epoch."""
+
 import numpy as np
 import pytest
 from keras.src.trainers import epoch_iterator  # what upstream's test drives
+from peer_data import arrays_source
 
 import steadyfeed as sf
 from steadyfeed.keras import KerasDataset
-
-from peer_data import arrays_source
 
 
 class Tracking(KerasDataset):

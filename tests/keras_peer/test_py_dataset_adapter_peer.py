@@ -1,5 +1,6 @@
 """Mirrors keras v3.15.1 ``keras/src/trainers/data_adapters/py_dataset_adapter_test.py`` (see README.md):
 Keras's PyDatasetAdapter driving ``steadyfeed.Loader(...).as_keras()`` instead of each PyDataset."""
+
 import jax
 import keras
 import numpy as np
@@ -7,23 +8,30 @@ import pytest
 import tensorflow as tf
 import torch
 from keras.src.trainers.data_adapters import py_dataset_adapter  # what upstream's tests drive
+from peer_data import RaisesFromBatchTwo, VaryingShapes, arrays_source
 
 import steadyfeed as sf
-from peer_data import RaisesFromBatchTwo, VaryingShapes, arrays_source
 
 BACKEND = keras.backend.backend()
 CPU = {"tensorflow": "CPU:0", "jax": "cpu:0"}.get(BACKEND, "cpu")
 FINITE = "a Loader is finite by design: an epoch is a plan of batches"
 
 
-def example_dataset(x, y, batch_size=32, workers=0, use_multiprocessing=False, max_queue_size=0, infinite=False,
-                    shuffle=False):
+def example_dataset(
+    x, y, batch_size=32, workers=0, use_multiprocessing=False, max_queue_size=0, infinite=False, shuffle=False
+):
     """Upstream's ExamplePyDataset: batch i of (x, y); here a Loader with the same workers
     (its own shuffle stands for the adapter's, which a steadyfeed dataset leaves to the loader)."""
     del max_queue_size  # the loader's prefetch bounds its queue
     source = arrays_source(x=keras.ops.convert_to_numpy(x), y=keras.ops.convert_to_numpy(y))
-    return sf.Loader(source, batch_size, workers=workers, mode="process" if use_multiprocessing else "thread",
-                     shuffle=shuffle, seed=1337).as_keras()
+    return sf.Loader(
+        source,
+        batch_size,
+        workers=workers,
+        mode="process" if use_multiprocessing else "thread",
+        shuffle=shuffle,
+        seed=1337,
+    ).as_keras()
 
 
 def iterator_for_backend(adapter):
@@ -51,7 +59,7 @@ CONFIGS = [
 @pytest.mark.parametrize("config", CONFIGS, ids=[c["testcase_name"] for c in CONFIGS])
 def test_basic_flow(config, infinite, shuffle):
     config = dict(config)
-    name, dataset_type = config.pop("testcase_name"), config.pop("dataset_type")
+    _name, dataset_type = config.pop("testcase_name"), config.pop("dataset_type")
     if infinite:
         pytest.skip(FINITE)
     if config.get("use_multiprocessing") and shuffle:
@@ -149,9 +157,11 @@ def test_with_different_shapes():
     py_dataset.close()
 
 
-EXCEPTION_CASES = [dict(testcase_name="multiprocessing", workers=2, use_multiprocessing=True, max_queue_size=10),
-                   dict(testcase_name="multithreading", workers=2, max_queue_size=10),
-                   dict(testcase_name="single")]
+EXCEPTION_CASES = [
+    dict(testcase_name="multiprocessing", workers=2, use_multiprocessing=True, max_queue_size=10),
+    dict(testcase_name="multithreading", workers=2, max_queue_size=10),
+    dict(testcase_name="single"),
+]
 
 
 @pytest.mark.parametrize("case", EXCEPTION_CASES, ids=[c["testcase_name"] for c in EXCEPTION_CASES])
@@ -186,4 +196,3 @@ def test_iterate_infinite_with_none_num_batches():
 
 def test_iterate_infinite_with_no_len():
     pytest.skip(FINITE)
-

@@ -1,12 +1,12 @@
 """Mirrors keras v3.15.1 ``keras/src/trainers/trainer_test.py`` (see README.md), the ``py_dataset``
 cases of ``test_fit_with_data_adapter``: ``model.fit`` over ``as_keras()`` runs 3 epochs."""
+
 import keras
 import numpy as np
 import pytest
+from peer_data import arrays_source
 
 import steadyfeed as sf
-
-from peer_data import arrays_source
 
 BACKEND = keras.backend.backend()
 FINITE = "a Loader is finite by design: an epoch is a plan of batches"
@@ -15,18 +15,33 @@ CASES = [
     dict(testcase_name="py_dataset"),
     dict(testcase_name="py_dataset_cw", fit_kwargs={"class_weight": {0: 1, 1: 2}}),
     dict(testcase_name="py_dataset_infinite", dataset_kwargs={"infinite": True}, fit_kwargs={"steps_per_epoch": 20}),
-    dict(testcase_name="py_dataset_infinite_cw", dataset_kwargs={"infinite": True},
-         fit_kwargs={"steps_per_epoch": 20, "class_weight": {0: 1, 1: 2}}),
+    dict(
+        testcase_name="py_dataset_infinite_cw",
+        dataset_kwargs={"infinite": True},
+        fit_kwargs={"steps_per_epoch": 20, "class_weight": {0: 1, 1: 2}},
+    ),
     dict(testcase_name="py_dataset_multithreading", dataset_kwargs={"workers": 2}),
-    dict(testcase_name="py_dataset_multithreading_cw", dataset_kwargs={"workers": 2},
-         fit_kwargs={"class_weight": {0: 1, 1: 2}}),
-    dict(testcase_name="py_dataset_multithreading_infinite", dataset_kwargs={"infinite": True, "workers": 2},
-         fit_kwargs={"steps_per_epoch": 20}),
+    dict(
+        testcase_name="py_dataset_multithreading_cw",
+        dataset_kwargs={"workers": 2},
+        fit_kwargs={"class_weight": {0: 1, 1: 2}},
+    ),
+    dict(
+        testcase_name="py_dataset_multithreading_infinite",
+        dataset_kwargs={"infinite": True, "workers": 2},
+        fit_kwargs={"steps_per_epoch": 20},
+    ),
     dict(testcase_name="py_dataset_multiprocessing", dataset_kwargs={"workers": 2, "use_multiprocessing": True}),
-    dict(testcase_name="py_dataset_multiprocessing_cw", dataset_kwargs={"workers": 2, "use_multiprocessing": True},
-         fit_kwargs={"class_weight": {0: 1, 1: 2}}),
-    dict(testcase_name="py_dataset_multiprocessing_infinite",
-         dataset_kwargs={"infinite": True, "workers": 2, "use_multiprocessing": True}, fit_kwargs={"steps_per_epoch": 20}),
+    dict(
+        testcase_name="py_dataset_multiprocessing_cw",
+        dataset_kwargs={"workers": 2, "use_multiprocessing": True},
+        fit_kwargs={"class_weight": {0: 1, 1: 2}},
+    ),
+    dict(
+        testcase_name="py_dataset_multiprocessing_infinite",
+        dataset_kwargs={"infinite": True, "workers": 2, "use_multiprocessing": True},
+        fit_kwargs={"steps_per_epoch": 20},
+    ),
 ]
 
 
@@ -61,8 +76,12 @@ def test_fit_with_data_adapter(case):
     model = ExampleModel(units=3)
     # torch.compile takes ~12 s a model on 2 cores; the data path under test is the same without it
     jit_compile = BACKEND != "torch"
-    model.compile(optimizer=keras.optimizers.Adagrad(), loss=keras.losses.MeanSquaredError(),
-                  metrics=[keras.metrics.MeanSquaredError()], jit_compile=jit_compile)
+    model.compile(
+        optimizer=keras.optimizers.Adagrad(),
+        loss=keras.losses.MeanSquaredError(),
+        metrics=[keras.metrics.MeanSquaredError()],
+        jit_compile=jit_compile,
+    )
     x = py_dataset(**dataset_kwargs)
     model.fit(x, None, epochs=3, **fit_kwargs)
     x.close()

@@ -3,6 +3,7 @@
 Spawned steadyfeed workers (process mode) unpickle the source and the transform by
 reference and import this module, never Keras.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -6,6 +6,7 @@ records facts (numbers, booleans, messages); the test decides what passes.
 The top level imports numpy and steadyfeed only: steadyfeed's spawned workers (process
 mode) re-import this file as ``__mp_main__``, and must not import Keras.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,9 +21,9 @@ import warnings
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
+from common import BATCH, N_TRAIN, N_VAL, WIDTH, FailingSource, jitter, train_source, two_input_source, val_source  # noqa: E402
 
 import steadyfeed as sf  # noqa: E402
-from common import BATCH, N_TRAIN, N_VAL, WIDTH, FailingSource, jitter, train_source, two_input_source, val_source  # noqa: E402
 
 EPOCHS = 3
 CRASH_EPOCH, CRASH_STEP, SAVE_FREQ = 1, 11, 5
@@ -74,14 +75,24 @@ def main() -> None:
     def make_model(width=WIDTH, strategy=None):
         keras.utils.set_random_seed(0)
         with strategy.scope() if strategy else _nullcontext():
-            model = keras.Sequential([keras.Input((width,), name="features"),
-                                      keras.layers.Dense(1, activation="sigmoid")])
+            model = keras.Sequential(
+                [keras.Input((width,), name="features"), keras.layers.Dense(1, activation="sigmoid")]
+            )
             model.compile(keras.optimizers.SGD(0.5), "binary_crossentropy", metrics=["accuracy"])
         return model
 
     def train_loader(mode="thread", workers=2, shuffled=False, **kw):
-        return sf.Loader(train_source(shuffled), BATCH, shuffle=True, seed=0, transform=jitter,
-                         workers=workers, mode=mode, with_ids=True, **kw)
+        return sf.Loader(
+            train_source(shuffled),
+            BATCH,
+            shuffle=True,
+            seed=0,
+            transform=jitter,
+            workers=workers,
+            mode=mode,
+            with_ids=True,
+            **kw,
+        )
 
     def val_loader(**kw):
         return sf.Loader(val_source(), BATCH, **kw)
@@ -93,8 +104,13 @@ def main() -> None:
         dataset, counter = Recording(loader), StepCounter()
         val = val_loader() if validate else None
         try:
-            history = model.fit(dataset, epochs=epochs, verbose=0, callbacks=[LoaderMonitor(loader), counter, *callbacks],
-                                validation_data=val.as_keras() if val else None)
+            history = model.fit(
+                dataset,
+                epochs=epochs,
+                verbose=0,
+                callbacks=[LoaderMonitor(loader), counter, *callbacks],
+                validation_data=val.as_keras() if val else None,
+            )
         except RuntimeError as error:
             if not crash:
                 raise
@@ -141,9 +157,11 @@ def main() -> None:
             model, history, trained, handed, steps = fit(train_loader(mode, workers))
             digests[label] = weights_digest(model)
             out[label] = {
-                "initial_val_loss": initial["loss"], "final_val_loss": history.history["val_loss"][-1],
+                "initial_val_loss": initial["loss"],
+                "final_val_loss": history.history["val_loss"][-1],
                 "final_val_accuracy": history.history["val_accuracy"][-1],
-                "exactly_once": exactly_once(trained), "steps": list(steps.values()),
+                "exactly_once": exactly_once(trained),
+                "steps": list(steps.values()),
                 "handed": [handed.get(e, 0) for e in range(EPOCHS)],
                 "history": {k: v for k, v in history.history.items() if k.startswith("data_")},
             }
@@ -166,18 +184,22 @@ def main() -> None:
         backup, position = os.path.join(root, "backup"), os.path.join(root, "loader")
 
         def callbacks(loader):
-            return [keras.callbacks.BackupAndRestore(backup, save_freq=SAVE_FREQ),
-                    LoaderCheckpoint(loader, position, save_freq=SAVE_FREQ)]
+            return [
+                keras.callbacks.BackupAndRestore(backup, save_freq=SAVE_FREQ),
+                LoaderCheckpoint(loader, position, save_freq=SAVE_FREQ),
+            ]
 
         loader = train_loader()
-        _, error, crashed, _, crashed_steps = fit(loader, callbacks=[*callbacks(loader), Crash()], validate=False, crash=True)
+        _, error, crashed, _, crashed_steps = fit(
+            loader, callbacks=[*callbacks(loader), Crash()], validate=False, crash=True
+        )
         with open(os.path.join(position, "steadyfeed_loader.json")) as f:
             saved = json.load(f)
         with open(os.path.join(backup, "training_metadata.json")) as f:
             keras_saved = json.load(f)
         # what the crashed run contributes: everything trained up to the last save (later steps are lost with it)
         first_part = {e: crashed[e] for e in range(saved["epoch"])}
-        first_part[saved["epoch"]] = crashed[saved["epoch"]][:saved["next_batch"]]
+        first_part[saved["epoch"]] = crashed[saved["epoch"]][: saved["next_batch"]]
 
         loader = train_loader(workers=1, mode="process")  # resume into other settings
         checkpoint_cb = callbacks(loader)
@@ -187,9 +209,12 @@ def main() -> None:
             model, history, trained, handed, steps = fit(loader, callbacks=checkpoint_cb, validate=False)
         combined = {e: first_part.get(e, []) + trained.get(e, []) for e in range(EPOCHS)}
         return {
-            "crashed_by": str(error), "crashed_steps": crashed_steps,
-            "saved": {"epoch": saved["epoch"], "next_batch": saved["next_batch"]}, "keras_saved": keras_saved,
-            "restored": restored is not None, "resumed_steps": steps,
+            "crashed_by": str(error),
+            "crashed_steps": crashed_steps,
+            "saved": {"epoch": saved["epoch"], "next_batch": saved["next_batch"]},
+            "keras_saved": keras_saved,
+            "restored": restored is not None,
+            "resumed_steps": steps,
             "same_trained_batches": combined == reference["trained"],
             "same_weights": weights_digest(model) == reference["digest"],
             "ran_out_warnings": sum("ran out of data" in str(w.message) for w in caught),
@@ -217,11 +242,16 @@ def main() -> None:
             predictions = model.predict(pad_loader.as_keras(y=None), verbose=0)
         finally:
             pad_loader.close()
-        trained_pad = fit(sf.Loader(train_source(), BATCH, shuffle=True, last_batch="pad", with_ids=True),
-                          epochs=1, validate=False)[1]
-        return {"accuracy_plain": plain["accuracy"], "accuracy_padded": padded["accuracy"],
-                "predict_rows": int(predictions.shape[0]), "predict_expected": N_VAL,
-                "pad_fit_loss": trained_pad.history["loss"][0]}
+        trained_pad = fit(
+            sf.Loader(train_source(), BATCH, shuffle=True, last_batch="pad", with_ids=True), epochs=1, validate=False
+        )[1]
+        return {
+            "accuracy_plain": plain["accuracy"],
+            "accuracy_padded": padded["accuracy"],
+            "predict_rows": int(predictions.shape[0]),
+            "predict_expected": N_VAL,
+            "pad_fit_loss": trained_pad.history["loss"][0],
+        }
 
     check("pad_and_predict", pad_and_predict)
 
@@ -230,10 +260,16 @@ def main() -> None:
         out = {}
         for name, run in {
             "shape": lambda: (lambda m: m.fit(val_loader().as_keras().check(m), epochs=1, verbose=0))(
-                make_model(width=5)),
+                make_model(width=5)
+            ),
             "missing_key": lambda: make_model().fit(val_loader().as_keras(x="pixels"), epochs=1, verbose=0),
-            "dict_unknown_input": lambda: (lambda m: m.fit(sf.Loader(two_input_source(), BATCH).as_keras(
-                x={"left": "left", "rite": "right"}).check(m), epochs=1, verbose=0))(two_input_model()),
+            "dict_unknown_input": lambda: (
+                lambda m: m.fit(
+                    sf.Loader(two_input_source(), BATCH).as_keras(x={"left": "left", "rite": "right"}).check(m),
+                    epochs=1,
+                    verbose=0,
+                )
+            )(two_input_model()),
         }.items():
             try:
                 run()
@@ -262,9 +298,12 @@ def main() -> None:
             raised = error
         finally:
             loader.close()
-        return {"raised": type(raised).__name__, "names_sample": "sample 77" in str(raised),
-                "last_error": type(dataset.last_error).__name__,
-                "last_error_id": getattr(dataset.last_error, "sample_id", None)}
+        return {
+            "raised": type(raised).__name__,
+            "names_sample": "sample 77" in str(raised),
+            "last_error": type(dataset.last_error).__name__,
+            "last_error_id": getattr(dataset.last_error, "sample_id", None),
+        }
 
     check("sample_error", sample_error)
 
@@ -302,8 +341,9 @@ def leftovers(wait: float = 5.0) -> dict:
     deadline = time.monotonic() + wait
     while True:
         gc.collect()  # generators of epochs Keras abandoned (the crash) finish here
-        children = [c.pid for c in psutil.Process().children(recursive=True)
-                    if "resource_tracker" not in " ".join(_cmdline(c))]
+        children = [
+            c.pid for c in psutil.Process().children(recursive=True) if "resource_tracker" not in " ".join(_cmdline(c))
+        ]
         threads = [t.name for t in threading.enumerate() if t.name.startswith("steadyfeed-") and t.is_alive()]
         if (not children and not threads) or time.monotonic() > deadline:
             return {"children": children, "threads": threads}
@@ -338,15 +378,21 @@ def tf_extras() -> dict:
     loader.close()
 
     def per_pipeline(ctx):
-        return sf.Loader(train_source(), ctx.get_per_replica_batch_size(BATCH), last_batch="pad",
-                         with_ids=True, **shard_from_tf_input_context(ctx)).as_tf_dataset()
+        return sf.Loader(
+            train_source(),
+            ctx.get_per_replica_batch_size(BATCH),
+            last_batch="pad",
+            with_ids=True,
+            **shard_from_tf_input_context(ctx),
+        ).as_tf_dataset()
 
     ids = []
     for batch in strategy.distribute_datasets_from_function(per_pipeline):
         ids.extend(int(i) for i, m in zip(batch["id"].numpy(), batch["mask"].numpy()) if m)
     out["from_function_exactly_once"] = sorted(ids) == list(range(N_TRAIN))
     out["shard_of_context"] = shard_from_tf_input_context(
-        tf.distribute.InputContext(num_input_pipelines=4, input_pipeline_id=1))
+        tf.distribute.InputContext(num_input_pipelines=4, input_pipeline_id=1)
+    )
 
     # fit under a strategy: Keras runs its build probe through tf.data (prefetching)
     handed = []
@@ -363,7 +409,8 @@ def tf_extras() -> dict:
     model.fit(Recording(loader), epochs=2, verbose=0)
     loader.close()
     out["strategy_fit_exactly_once"] = all(
-        sorted(i for e, ids in handed if e == epoch for i in ids) == list(range(N_TRAIN)) for epoch in (0, 1))
+        sorted(i for e, ids in handed if e == epoch for i in ids) == list(range(N_TRAIN)) for epoch in (0, 1)
+    )
     out["strategy_fit_batches"] = len(handed)
     return out
 
@@ -376,9 +423,11 @@ def jax_extras() -> dict:
     loader = sf.Loader(train_source(), BATCH, workers=2, mode="thread")
     batch = next(iter(loader))
     on_device = jax.device_put(batch)
-    out = {"device_put_types": sorted({type(v).__name__ for v in on_device.values()}),
-           "device_put_equal": all(np.array_equal(np.asarray(on_device[k]), batch[k]) for k in batch),
-           "shard": shard_from_jax()}
+    out = {
+        "device_put_types": sorted({type(v).__name__ for v in on_device.values()}),
+        "device_put_equal": all(np.array_equal(np.asarray(on_device[k]), batch[k]) for k in batch),
+        "shard": shard_from_jax(),
+    }
     loader.close()
     return out
 
@@ -391,8 +440,11 @@ def torch_extras() -> dict:
     loader = sf.Loader(train_source(), BATCH, with_ids=True, workers=2)
     ds = loader.as_torch()
     first = next(iter(DataLoader(ds, batch_size=None, num_workers=0)))
-    out = {"types": sorted({type(v).__name__ for v in first.values()}),
-           "dtypes": {k: str(v.dtype) for k, v in first.items()}, "len": len(ds)}
+    out = {
+        "types": sorted({type(v).__name__ for v in first.values()}),
+        "dtypes": {k: str(v.dtype) for k, v in first.items()},
+        "len": len(ds),
+    }
     loader.close()
     loader = sf.Loader(train_source(), BATCH, with_ids=True)
     out["epoch_exactly_once"] = sorted(int(i) for b in loader.as_torch() for i in b["id"]) == list(range(N_TRAIN))
@@ -424,9 +476,11 @@ def keras_step_arrays() -> dict:
     frozen.flags.writeable = False
     kept_as_numpy = (np.ones(3, np.uint32), frozen, np.ones(3, ">f4"), np.ones(6, np.float32)[::-2])
     tensor, kept, named = _backend_arrays()((writable, kept_as_numpy, {"a": writable}))
-    return {"keras_step_types": [type(v).__name__ for v in step],
-            "keras_zero_copy": tensor.data_ptr() == named["a"].data_ptr() == writable.ctypes.data,
-            "keras_kept_numpy": [type(v).__name__ for v in kept]}
+    return {
+        "keras_step_types": [type(v).__name__ for v in step],
+        "keras_zero_copy": tensor.data_ptr() == named["a"].data_ptr() == writable.ctypes.data,
+        "keras_kept_numpy": [type(v).__name__ for v in kept],
+    }
 
 
 class _nullcontext:

@@ -6,6 +6,7 @@ Prints one line ``REPORT {json}`` that tests/test_keras_calls.py parses: facts o
 rows, losses, messages); the test decides what passes. The top level imports numpy and
 steadyfeed only (spawned workers re-import this file).
 """
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,9 @@ import warnings
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
+from common import WIDTH, FailingSource, arrays  # noqa: E402
 
 import steadyfeed as sf  # noqa: E402
-from common import FailingSource, WIDTH, arrays  # noqa: E402
 
 ROWS, BATCH = 64, 16  # four batches an epoch
 PAD_ROWS = 70  # five batches of 16, the last padded by 10 rows
@@ -110,8 +111,14 @@ def main() -> None:
         out["evaluate"] = m.evaluate(data, verbose=0, callbacks=[steps], return_dict=True)["loss"]
         predictions = m.predict(data, verbose=0, callbacks=[steps])
         history = m.fit(data, epochs=2, shuffle=False, verbose=0, callbacks=[steps])
-        out.update(evaluate_steps=steps.test, predict_rows=int(len(predictions)), predict_steps=steps.predict,
-                   predict_sum=float(np.sum(predictions)), fit_steps=steps.train, fit_loss=history.history["loss"])
+        out.update(
+            evaluate_steps=steps.test,
+            predict_rows=int(len(predictions)),
+            predict_steps=steps.predict,
+            predict_sum=float(np.sum(predictions)),
+            fit_steps=steps.train,
+            fit_loss=history.history["loss"],
+        )
         return out
 
     report = {"backend": backend}
@@ -152,9 +159,16 @@ def main() -> None:
                 steps = Steps()
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    history = model().fit(data, epochs=epochs, steps_per_epoch=steps_per_epoch, shuffle=False,
-                                          verbose=0, callbacks=[steps])
+                    history = model().fit(
+                        data,
+                        epochs=epochs,
+                        steps_per_epoch=steps_per_epoch,
+                        shuffle=False,
+                        verbose=0,
+                        callbacks=[steps],
+                    )
                 return {"steps": steps.train, "loss": history.history["loss"]}
+
             return run
 
         out["steps_per_epoch_3"] = both(fit_steps(3))
@@ -165,8 +179,9 @@ def main() -> None:
             val_loader = sf.Loader(sf.ArraySource(x=vx, y=vy), BATCH)
             val = val_loader.as_keras() if isinstance(data, KerasDataset) else Plain(vx, vy)
             steps = Steps()
-            history = model().fit(data, epochs=3, validation_data=val, validation_steps=2, shuffle=False, verbose=0,
-                                  callbacks=[steps])
+            history = model().fit(
+                data, epochs=3, validation_data=val, validation_steps=2, shuffle=False, verbose=0, callbacks=[steps]
+            )
             val_loader.close()
             return {"val_loss": history.history["val_loss"], "test_steps": steps.test}
 
@@ -176,7 +191,11 @@ def main() -> None:
             m = model()
             first = m.evaluate(data, steps=2, verbose=0, return_dict=True)["loss"]
             whole = m.evaluate(data, verbose=0, return_dict=True)["loss"]
-            return {"steps_2": first, "then_whole": whole, "predict_steps_2": int(len(m.predict(data, steps=2, verbose=0)))}
+            return {
+                "steps_2": first,
+                "then_whole": whole,
+                "predict_steps_2": int(len(m.predict(data, steps=2, verbose=0))),
+            }
 
         out["evaluate_steps"] = both(evaluate_steps)
 
@@ -200,9 +219,14 @@ def main() -> None:
         steps = Steps()
         model().fit(Recording(source, steps_per_epoch=3), epochs=4, verbose=0, callbacks=[steps])
         source.close()
-        out["crossing"] = {"steps": steps.train, "positions": [(e, i) for e, i, _ in ids],
-                           "epochs_exactly_once": all(sorted(i for e, _, batch in ids if e == epoch for i in batch)
-                                                      == list(range(ROWS)) for epoch in (0, 1, 2))}
+        out["crossing"] = {
+            "steps": steps.train,
+            "positions": [(e, i) for e, i, _ in ids],
+            "epochs_exactly_once": all(
+                sorted(i for e, _, batch in ids if e == epoch for i in batch) == list(range(ROWS))
+                for epoch in (0, 1, 2)
+            ),
+        }
         return out
 
     check("step_limits", step_limits)
@@ -212,15 +236,19 @@ def main() -> None:
         px, py = arrays(PAD_ROWS, 13)
         source = sf.Loader(sf.ArraySource(x=px, y=py), BATCH, last_batch="pad")
         data, plain, m = source.as_keras(), Plain(px, py), model()
-        out = {"evaluate": m.evaluate(data, verbose=0, return_dict=True),
-               "evaluate_plain": m.evaluate(plain, verbose=0, return_dict=True),
-               "predict_rows": int(len(m.predict(data, verbose=0))),
-               "predict_equal": bool(np.allclose(m.predict(data, verbose=0), m.predict(plain, verbose=0), atol=1e-6))}
+        out = {
+            "evaluate": m.evaluate(data, verbose=0, return_dict=True),
+            "evaluate_plain": m.evaluate(plain, verbose=0, return_dict=True),
+            "predict_rows": int(len(m.predict(data, verbose=0))),
+            "predict_equal": bool(np.allclose(m.predict(data, verbose=0), m.predict(plain, verbose=0), atol=1e-6)),
+        }
         weights = {0: 1.0, 1: 3.0}
-        out["class_weight_loss"] = model().fit(data, epochs=1, class_weight=weights, shuffle=False,
-                                               verbose=0).history["loss"]
-        out["class_weight_loss_plain"] = model().fit(plain, epochs=1, class_weight=weights, shuffle=False,
-                                                     verbose=0).history["loss"]
+        out["class_weight_loss"] = (
+            model().fit(data, epochs=1, class_weight=weights, shuffle=False, verbose=0).history["loss"]
+        )
+        out["class_weight_loss_plain"] = (
+            model().fit(plain, epochs=1, class_weight=weights, shuffle=False, verbose=0).history["loss"]
+        )
         source.close()
         return out
 
@@ -259,9 +287,13 @@ def main() -> None:
         finally:
             source.close()
         kept = data.last_error
-        out["last_error"] = {"is_sample_error": isinstance(kept, sf.SampleError), "is_value_error": isinstance(kept, ValueError),
-                             "sample_id": getattr(kept, "sample_id", None), "epoch": getattr(kept, "epoch", None),
-                             "attempts": getattr(kept, "attempts", None)}
+        out["last_error"] = {
+            "is_sample_error": isinstance(kept, sf.SampleError),
+            "is_value_error": isinstance(kept, ValueError),
+            "sample_id": getattr(kept, "sample_id", None),
+            "epoch": getattr(kept, "epoch", None),
+            "attempts": getattr(kept, "attempts", None),
+        }
         return out
 
     check("failing_sample", failing_sample)
@@ -274,8 +306,12 @@ def main() -> None:
         stats = source.stats()
         again = [b for b in data]
         source.close()
-        return {"batches": len(batches), "again": len(again), "made_by_workers": stats["batches"] - stats["inline_batches"],
-                "rows": int(sum(len(b[0]) for b in batches))}
+        return {
+            "batches": len(batches),
+            "again": len(again),
+            "made_by_workers": stats["batches"] - stats["inline_batches"],
+            "rows": int(sum(len(b[0]) for b in batches)),
+        }
 
     check("iteration", iteration)
     print("REPORT " + json.dumps(report), flush=True)

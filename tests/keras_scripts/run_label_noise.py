@@ -5,6 +5,7 @@ trained batch with and without the monitor and as the loader plans them, the wei
 both fits, what the monitor found about the planted flips, and the times (reported, never
 asserted). Workers are threads, so nothing re-imports this file.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -55,8 +56,14 @@ def main() -> None:
 
     def model():
         keras.utils.set_random_seed(0)
-        m = keras.Sequential([keras.Input((DIM,)), keras.layers.Dense(16, activation="relu"),
-                              keras.layers.Dropout(0.2), keras.layers.Dense(CLASSES)])
+        m = keras.Sequential(
+            [
+                keras.Input((DIM,)),
+                keras.layers.Dense(16, activation="relu"),
+                keras.layers.Dropout(0.2),
+                keras.layers.Dense(CLASSES),
+            ]
+        )
         m.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return m
 
@@ -89,17 +96,30 @@ def main() -> None:
         signals = monitor.recorder.signals()
         k = len(flipped)
         top = [s["id"] for s in found["suspects"]][:k]
-        report["order"] = {"planned": planned(), "without": plain_ids, "with": watched_ids,
-                           "weights_without": digest(plain), "weights_with": digest(watched)}
-        report["found"] = {"recall_at_k": len(set(top) & set(flipped.tolist())) / k, "flagged": found["flagged"],
-                           "noise_rate": found["noise_rate"], "records": sorted(set(signals["records"].tolist())),
-                           "ids": len(signals["id"]), "batches": monitor.recorder.batches}
+        report["order"] = {
+            "planned": planned(),
+            "without": plain_ids,
+            "with": watched_ids,
+            "weights_without": digest(plain),
+            "weights_with": digest(watched),
+        }
+        report["found"] = {
+            "recall_at_k": len(set(top) & set(flipped.tolist())) / k,
+            "flagged": found["flagged"],
+            "noise_rate": found["noise_rate"],
+            "records": sorted(set(signals["records"].tolist())),
+            "ids": len(signals["id"]),
+            "batches": monitor.recorder.batches,
+        }
         report["cost"] = {"fit_without_s": plain_s, "fit_with_s": watched_s, "monitor_s": monitor.seconds}
         # a padded last batch: pad rows are not samples, and are not recorded
         _, padded_ids, _, padded = fit(True, every=1, last_batch="pad")
-        report["padded"] = {"records": sorted(set(padded.recorder.signals()["records"].tolist())),
-                            "ids": len(padded.recorder.signals()["id"]), "batches": padded.recorder.batches,
-                            "same_order": padded_ids == planned(last_batch="pad")}
+        report["padded"] = {
+            "records": sorted(set(padded.recorder.signals()["records"].tolist())),
+            "ids": len(padded.recorder.signals()["id"]),
+            "batches": padded.recorder.batches,
+            "same_order": padded_ids == planned(last_batch="pad"),
+        }
         try:
             with loader(with_ids=False) as no_ids:
                 LabelNoiseMonitor(no_ids)

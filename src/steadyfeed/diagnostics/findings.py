@@ -5,11 +5,13 @@ write and read them as JSON (atomically; nothing but JSON is ever read), and the
 functions turn what other parts of steadyfeed report into sections: a loader's quarantine and
 an audit's findings.
 """
+
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..files import atomic_write
 
@@ -27,8 +29,11 @@ def merge(*parts: dict) -> dict:
                 seen = merged.setdefault(key, [])
                 seen.extend(entry for entry in value if entry not in seen)
             elif key == "quality" and key in merged:
-                merged[key] = {**merged[key], "checks": {**merged[key].get("checks", {}), **value.get("checks", {})},
-                               "per_class": {**merged[key].get("per_class", {}), **value.get("per_class", {})}}
+                merged[key] = {
+                    **merged[key],
+                    "checks": {**merged[key].get("checks", {}), **value.get("checks", {})},
+                    "per_class": {**merged[key].get("per_class", {}), **value.get("per_class", {})},
+                }
             else:
                 merged[key] = value
     return merged
@@ -44,17 +49,26 @@ def load(path: str | os.PathLike) -> dict:
     with open(path, encoding="utf-8") as f:
         findings = json.load(f)
     if not isinstance(findings, dict):
-        raise ValueError(f"{os.fspath(path)}: findings are a JSON object of sections {SECTIONS}, "
-                         f"got a {type(findings).__name__}")
+        raise ValueError(
+            f"{os.fspath(path)}: findings are a JSON object of sections {SECTIONS}, got a {type(findings).__name__}"
+        )
     return findings
 
 
 def from_quarantine(entries: Iterable[dict]) -> dict:
     """The ``quarantine`` section from ``Loader.quarantine_report()`` entries (or audit's)."""
-    return {"quarantine": [{"id": int(e["sample_id"]), "file": e.get("location"), "epoch": e.get("epoch"),
-                            "attempt": e.get("attempts"),
-                            "error": f"{e.get('error_type', 'Error')}: {_first_line(e.get('message'))}"}
-                           for e in entries]}
+    return {
+        "quarantine": [
+            {
+                "id": int(e["sample_id"]),
+                "file": e.get("location"),
+                "epoch": e.get("epoch"),
+                "attempt": e.get("attempts"),
+                "error": f"{e.get('error_type', 'Error')}: {_first_line(e.get('message'))}",
+            }
+            for e in entries
+        ]
+    }
 
 
 def from_audit(report: Any) -> dict:
@@ -67,10 +81,13 @@ def from_audit(report: Any) -> dict:
         if check.name == "readable":
             parts.append(from_quarantine(details.get("failed", [])))
         elif check.name.startswith("quality:") and details.get("problems"):
-            flagged = [{"id": p["sample_id"], "score": None, "reason": f"{p['key']}: {p['detail']}"}
-                       for p in details["problems"]]
-            parts.append({"quality": {"checks": {check.name.partition(":")[2]: {"threshold": None,
-                                                                               "flagged": flagged}}}})
+            flagged = [
+                {"id": p["sample_id"], "score": None, "reason": f"{p['key']}: {p['detail']}"}
+                for p in details["problems"]
+            ]
+            parts.append(
+                {"quality": {"checks": {check.name.partition(":")[2]: {"threshold": None, "flagged": flagged}}}}
+            )
     parts.append(getattr(report, "findings", None) or {})  # the sections the audit made (quality, duplicates, ...)
     return merge(*parts)
 

@@ -26,10 +26,12 @@ raise for an image past a threshold (``Checked`` calibrates the thresholds it is
 a deterministic subsample, once, when it is built). :func:`findings` makes the ``"quality"``
 section of ``diagnostics/__init__.py``, with a per-class breakdown.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -86,12 +88,14 @@ def scores(images: np.ndarray, value_range: float | None = None) -> dict[str, np
     if a.ndim == 2 or (a.ndim == 3 and a.shape[-1] in (1, 3, 4)):
         a = a[None]
     g = grey(a, value_range)
-    laplacian = (g[:, :-2, 1:-1] + g[:, 2:, 1:-1] + g[:, 1:-1, :-2] + g[:, 1:-1, 2:] - 4 * g[:, 1:-1, 1:-1])
+    laplacian = g[:, :-2, 1:-1] + g[:, 2:, 1:-1] + g[:, 1:-1, :-2] + g[:, 1:-1, 2:] - 4 * g[:, 1:-1, 1:-1]
     pixels = g.reshape(len(g), -1)
-    return {"blur": laplacian.reshape(len(g), -1).var(axis=1, dtype=np.float64),
-            "underexposed": (pixels <= BLACK).mean(axis=1, dtype=np.float64),
-            "overexposed": (pixels >= WHITE).mean(axis=1, dtype=np.float64),
-            "low_contrast": pixels.std(axis=1, dtype=np.float64)}
+    return {
+        "blur": laplacian.reshape(len(g), -1).var(axis=1, dtype=np.float64),
+        "underexposed": (pixels <= BLACK).mean(axis=1, dtype=np.float64),
+        "overexposed": (pixels >= WHITE).mean(axis=1, dtype=np.float64),
+        "low_contrast": pixels.std(axis=1, dtype=np.float64),
+    }
 
 
 class ScoreTransform:
@@ -116,7 +120,7 @@ def take_scores(batch: dict) -> dict[tuple[str, str], np.ndarray]:
     """Remove the keys :class:`ScoreTransform` added from ``batch``; ``{(key, check): scores}``."""
     taken = {}
     for name in [k for k in batch if k.startswith(SCORE_KEY)]:
-        key, _, check = name[len(SCORE_KEY):].rpartition(":")
+        key, _, check = name[len(SCORE_KEY) :].rpartition(":")
         taken[(key, check)] = batch.pop(name)
     return taken
 
@@ -139,12 +143,15 @@ def robust_threshold(check: str, values: np.ndarray, k: float = K) -> float:
     return max(threshold, measure.floor) if measure.floor is not None else threshold
 
 
-def thresholds(all_scores: Mapping[str, np.ndarray], given: Mapping[str, float] | None = None,
-               k: float = K) -> dict[str, float]:
+def thresholds(
+    all_scores: Mapping[str, np.ndarray], given: Mapping[str, float] | None = None, k: float = K
+) -> dict[str, float]:
     """A threshold per check of ``all_scores``: the ``given`` one, else the robust one."""
     given = dict(given or {})
-    return {name: float(given[name]) if name in given else robust_threshold(name, values, k)
-            for name, values in all_scores.items()}
+    return {
+        name: float(given[name]) if name in given else robust_threshold(name, values, k)
+        for name, values in all_scores.items()
+    }
 
 
 def flagged(check: str, values: np.ndarray, threshold: float) -> np.ndarray:
@@ -160,9 +167,16 @@ def problem(check: str, score: float, threshold: float) -> str:
 
 
 # -- findings --------------------------------------------------------------------------------------
-def findings(ids: np.ndarray, all_scores: Mapping[str, np.ndarray], *, labels: Sequence | None = None,
-             locate: Callable[[int], str | None] | None = None, given: Mapping[str, float] | None = None,
-             k: float = K, key: str | None = None) -> dict:
+def findings(
+    ids: np.ndarray,
+    all_scores: Mapping[str, np.ndarray],
+    *,
+    labels: Sequence | None = None,
+    locate: Callable[[int], str | None] | None = None,
+    given: Mapping[str, float] | None = None,
+    k: float = K,
+    key: str | None = None,
+) -> dict:
     """The ``"quality"`` section: per check its threshold (``"given"`` or ``"robust"``), the
     scores' median and the flagged images (worst first), and per class how many each check
     flagged. ``all_scores[check][j]`` is the score of ``ids[j]`` (NaN: not an image), ``labels[j]``
@@ -186,14 +200,21 @@ def findings(ids: np.ndarray, all_scores: Mapping[str, np.ndarray], *, labels: S
                 entry["file"] = where
             entries.append(entry)
         scored = values[np.isfinite(values)]
-        checks[name] = {"threshold": limits[name], "source": "given" if name in (given or {}) else "robust",
-                        "direction": "low" if CHECKS[name].low_is_bad else "high", "scored": int(len(scored)),
-                        "median": float(np.median(scored)) if len(scored) else None, "flagged": entries}
+        checks[name] = {
+            "threshold": limits[name],
+            "source": "given" if name in (given or {}) else "robust",
+            "direction": "low" if CHECKS[name].low_is_bad else "high",
+            "scored": int(len(scored)),
+            "median": float(np.median(scored)) if len(scored) else None,
+            "flagged": entries,
+        }
         if key is not None:
             checks[name]["key"] = key
     out = {"checks": checks}
     if labels is not None:
-        out["per_class"] = {str(label): counts for label, counts in sorted(per_class.items(), key=lambda kv: str(kv[0]))}
+        out["per_class"] = {
+            str(label): counts for label, counts in sorted(per_class.items(), key=lambda kv: str(kv[0]))
+        }
     return out
 
 
@@ -203,9 +224,16 @@ def _plain(v: Any) -> Any:
     return v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else v
 
 
-def calibrate(source: Any, checks: Sequence[str], keys: Iterable[str] | None = None, *, samples: int = 1000,
-              value_range: float | None = None, given: Mapping[str, float] | None = None,
-              k: float = K) -> dict[str, float]:
+def calibrate(
+    source: Any,
+    checks: Sequence[str],
+    keys: Iterable[str] | None = None,
+    *,
+    samples: int = 1000,
+    value_range: float | None = None,
+    given: Mapping[str, float] | None = None,
+    k: float = K,
+) -> dict[str, float]:
     """Thresholds from up to ``samples`` evenly spaced samples of ``source`` (ids
     ``round(j * N / samples)``: deterministic), for the checks not ``given``. Samples that
     fail to read are passed over (the loader names them when it reads them)."""
@@ -222,6 +250,6 @@ def calibrate(source: Any, checks: Sequence[str], keys: Iterable[str] | None = N
             sample = transform(source[i])
         except Exception:  # an unreadable sample says nothing about the thresholds
             continue
-        for (key, check), value in take_scores(sample).items():
+        for (_key, check), value in take_scores(sample).items():
             found[check].append(float(value))
     return {**given, **thresholds({c: np.array(v) for c, v in found.items()}, k=k)}

@@ -15,11 +15,13 @@ leaks into the other); every ``"label_noise"`` suspect; every ``"quarantine"`` e
 ``"excluded"`` entry, with its reason. Reading is deterministic: the same file gives the same
 record, so every shard and every run excludes the same ids.
 """
+
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -43,6 +43,7 @@ fraction of samples with a negative AUM and the threshold is 0.
 Framework-free (numpy only): a torch or JAX loop calls ``record`` itself; under Keras,
 :class:`steadyfeed.keras.LabelNoiseMonitor` calls it from a callback.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -158,9 +159,15 @@ class LabelNoiseRecorder:
         ``predicted``, ``records`` (times seen), ``label_changed``; ids ascending."""
         ids = np.flatnonzero(self._count >= min_records)
         count = self._count[ids]
-        return {"id": ids, "aum": self._margin[ids] / count, "loss": self._loss[ids] / count,
-                "given": self._given[ids], "predicted": self._probs[ids].argmax(axis=1) if len(ids) else ids,
-                "records": count, "label_changed": self._changed[ids]}
+        return {
+            "id": ids,
+            "aum": self._margin[ids] / count,
+            "loss": self._loss[ids] / count,
+            "given": self._given[ids],
+            "predicted": self._probs[ids].argmax(axis=1) if len(ids) else ids,
+            "records": count,
+            "label_changed": self._changed[ids],
+        }
 
     def findings(self, options: NoiseOptions = NoiseOptions()) -> dict:
         """The ``label_noise`` section of a report (see :mod:`steadyfeed.diagnostics`): ``suspects``
@@ -178,8 +185,13 @@ class LabelNoiseRecorder:
         counts, edges = np.histogram(s["aum"], bins=40)
         return {
             "suspects": [_suspect(s, i, split.threshold) for i in listed.tolist()],
-            "noise_rate": {"estimate": split.rate, "low": low, "high": high, "confidence": options.confidence,
-                           "method": split.method},
+            "noise_rate": {
+                "estimate": split.rate,
+                "low": low,
+                "high": high,
+                "confidence": options.confidence,
+                "method": split.method,
+            },
             "threshold": split.threshold,
             "flagged": int(len(flagged)),
             "samples": n,
@@ -191,9 +203,15 @@ class LabelNoiseRecorder:
 
 
 def _suspect(s: dict, i: int, threshold: float) -> dict:
-    return {"id": int(s["id"][i]), "given": int(s["given"][i]), "predicted": int(s["predicted"][i]),
-            "score": float(s["aum"][i]), "loss": float(s["loss"][i]), "records": int(s["records"][i]),
-            "flagged": bool(s["aum"][i] < threshold)}
+    return {
+        "id": int(s["id"][i]),
+        "given": int(s["given"][i]),
+        "predicted": int(s["predicted"][i]),
+        "score": float(s["aum"][i]),
+        "loss": float(s["loss"][i]),
+        "records": int(s["records"][i]),
+        "flagged": bool(s["aum"][i] < threshold),
+    }
 
 
 # -- outputs and labels ---------------------------------------------------------------------------
@@ -253,8 +271,13 @@ class Split:
     method: str
 
     def as_dict(self) -> dict:
-        return {"weight": self.weight, "low_mean": self.low_mean, "low_sd": self.low_sd,
-                "high_mean": self.high_mean, "high_sd": self.high_sd}
+        return {
+            "weight": self.weight,
+            "low_mean": self.low_mean,
+            "low_sd": self.low_sd,
+            "high_mean": self.high_mean,
+            "high_sd": self.high_sd,
+        }
 
 
 def fit_split(aum: np.ndarray) -> Split:
@@ -300,8 +323,11 @@ def _initial(aum: np.ndarray) -> tuple:
     if low.all() or not low.any():
         low = np.arange(len(aum)) < max(1, len(aum) // 10)
     spread = max(float(aum.std()), 1e-3)
-    return (float(low.mean()), (float(aum[low].mean()), float(aum[~low].mean())),
-            (max(float(aum[low].std()), spread / 10), max(float(aum[~low].std()), spread / 10)))
+    return (
+        float(low.mean()),
+        (float(aum[low].mean()), float(aum[~low].mean())),
+        (max(float(aum[low].std()), spread / 10), max(float(aum[~low].std()), spread / 10)),
+    )
 
 
 def _em(x: np.ndarray, weights: np.ndarray, start: tuple) -> tuple:
@@ -316,8 +342,13 @@ def _em(x: np.ndarray, weights: np.ndarray, start: tuple) -> tuple:
     floor = max(float(np.ptp(x)), 1e-6) / _HISTOGRAM_BINS  # a component never collapses below one bin
     total = rows.sum(axis=1)
     for _ in range(_EM_ITERATIONS):
-        dens = np.stack([pi[:, None] * _normal(x, means[:, :1], sds[:, :1]),
-                         (1 - pi)[:, None] * _normal(x, means[:, 1:], sds[:, 1:])], axis=1)  # k x 2 x bins
+        dens = np.stack(
+            [
+                pi[:, None] * _normal(x, means[:, :1], sds[:, :1]),
+                (1 - pi)[:, None] * _normal(x, means[:, 1:], sds[:, 1:]),
+            ],
+            axis=1,
+        )  # k x 2 x bins
         resp = dens / np.maximum(dens.sum(axis=1, keepdims=True), _TINY)
         mass = np.maximum((resp * rows[:, None]).sum(axis=2), _TINY)  # k x 2
         new_means = (resp * rows[:, None] * x).sum(axis=2) / mass

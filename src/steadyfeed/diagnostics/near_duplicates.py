@@ -29,11 +29,13 @@ so time grows as ``N log N`` plus a small share of ``N^2``; memory is that of th
 :func:`findings` makes the ``"duplicates"`` section of ``diagnostics/__init__.py``. The hashes
 are computed where samples are read, by the loader's workers (:class:`HashTransform`).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Mapping
 from itertools import combinations
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -117,7 +119,7 @@ class HashTransform:
 
 def take_hashes(batch: dict) -> dict[str, np.ndarray]:
     """Remove the keys :class:`HashTransform` added from ``batch``; ``{key: hashes}``."""
-    return {name[len(HASH_KEY):]: batch.pop(name) for name in [k for k in batch if k.startswith(HASH_KEY)]}
+    return {name[len(HASH_KEY) :]: batch.pop(name) for name in [k for k in batch if k.startswith(HASH_KEY)]}
 
 
 # -- the search ----------------------------------------------------------------------------------
@@ -138,8 +140,8 @@ def plan_bands(n_query: int, n_indexed: int, max_distance: int) -> int:
     for count in range(MIN_BANDS, max(MIN_BANDS, max_distance + 1) + 1):
         layout = bands(count)
         probes = sum(_probes(w, max_distance // count) for _, w in layout)
-        candidates = n_query * n_indexed * sum(_probes(w, max_distance // count) / 2 ** w for _, w in layout)
-        cost = sum(2 ** w for _, w in layout) + probes * n_query + 8 * candidates  # a candidate: gathers, popcount
+        candidates = n_query * n_indexed * sum(_probes(w, max_distance // count) / 2**w for _, w in layout)
+        cost = sum(2**w for _, w in layout) + probes * n_query + 8 * candidates  # a candidate: gathers, popcount
         if cost < best_cost:
             best, best_cost = count, cost
     return best
@@ -164,8 +166,9 @@ def _ranges(order: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarr
     return queries, order[np.repeat(lo, counts) + offsets]
 
 
-def find(a: np.ndarray, b: np.ndarray | None = None, max_distance: int = MAX_DISTANCE, *,
-         band_count: int | None = None) -> np.ndarray:
+def find(
+    a: np.ndarray, b: np.ndarray | None = None, max_distance: int = MAX_DISTANCE, *, band_count: int | None = None
+) -> np.ndarray:
     """Pairs ``(i, j, distance)`` (int64 rows, sorted) of hashes within ``max_distance`` bits:
     ``i < j`` within ``a`` when ``b`` is None, else ``i`` in ``a`` and ``j`` in ``b``. Every such
     pair, each once, for any ``band_count`` (default: the cheapest, :func:`plan_bands`; see the
@@ -201,10 +204,16 @@ def find(a: np.ndarray, b: np.ndarray | None = None, max_distance: int = MAX_DIS
 
 
 # -- findings ------------------------------------------------------------------------------------
-def findings(ids: np.ndarray, pairs: np.ndarray, *, other_ids: np.ndarray | None = None,
-             split_a: str | None = None, split_b: str | None = None,
-             locate: Callable[[int], str | None] | None = None,
-             locate_other: Callable[[int], str | None] | None = None) -> list[dict]:
+def findings(
+    ids: np.ndarray,
+    pairs: np.ndarray,
+    *,
+    other_ids: np.ndarray | None = None,
+    split_a: str | None = None,
+    split_b: str | None = None,
+    locate: Callable[[int], str | None] | None = None,
+    locate_other: Callable[[int], str | None] | None = None,
+) -> list[dict]:
     """The ``"duplicates"`` section for ``pairs`` of :func:`find`: ``{"a", "b", "distance"}``
     as sample ids (``ids[i]``, and ``other_ids[j]`` across splits), with the splits' names and
     the files when known, closest first."""
@@ -217,8 +226,10 @@ def findings(ids: np.ndarray, pairs: np.ndarray, *, other_ids: np.ndarray | None
             entry["split_a"] = split_a
         if split_b is not None:
             entry["split_b"] = split_b
-        for side, where in (("a_file", locate and locate(entry["a"])), ("b_file", locate_other and
-                                                                         locate_other(entry["b"]))):
+        for side, where in (
+            ("a_file", locate and locate(entry["a"])),
+            ("b_file", locate_other and locate_other(entry["b"])),
+        ):
             if where:
                 entry[side] = where
         out.append(entry)

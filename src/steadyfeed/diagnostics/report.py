@@ -24,6 +24,7 @@ Guarantees:
   works the cell says why, in text. Pillow and matplotlib are imported only here, when writing.
 * at most ``rows`` entries per table (the page says how many were left out).
 """
+
 from __future__ import annotations
 
 import base64
@@ -31,8 +32,9 @@ import html
 import io
 import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -71,21 +73,37 @@ class ReportOptions:
             raise ValueError(f"rows must be >= 1 and thumbnail >= 8, got {self.rows}, {self.thumbnail}")
 
 
-def write(path: str | os.PathLike, findings: Mapping, *, sources: Mapping[str, Any] | None = None,
-          options: ReportOptions = ReportOptions()) -> None:
+def write(
+    path: str | os.PathLike,
+    findings: Mapping,
+    *,
+    sources: Mapping[str, Any] | None = None,
+    options: ReportOptions = ReportOptions(),
+) -> None:
     """Write ``render(findings, ...)`` to ``path`` (atomically)."""
     atomic_write(path, render(findings, sources=sources, options=options).encode("utf-8"))
 
 
-def render(findings: Mapping, *, sources: Mapping[str, Any] | None = None,
-           options: ReportOptions = ReportOptions()) -> str:
+def render(
+    findings: Mapping, *, sources: Mapping[str, Any] | None = None, options: ReportOptions = ReportOptions()
+) -> str:
     """The page, as a string (see the module docstring)."""
     page = _Page(findings, dict(sources or {}), options)
-    body = [f"<h1>{_e(options.title)}</h1>", page.summary(), page.label_noise(), page.quality(),
-            page.duplicates(), page.quarantine(), page.excluded()]
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{_e(options.title)}</title><style>{_STYLE}</style></head>\n<body>\n"
-            + "\n".join(part for part in body if part) + "\n</body></html>\n")
+    body = [
+        f"<h1>{_e(options.title)}</h1>",
+        page.summary(),
+        page.label_noise(),
+        page.quality(),
+        page.duplicates(),
+        page.quarantine(),
+        page.excluded(),
+    ]
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(options.title)}</title><style>{_STYLE}</style></head>\n<body>\n"
+        + "\n".join(part for part in body if part)
+        + "\n</body></html>\n"
+    )
 
 
 def _e(value: Any) -> str:
@@ -111,40 +129,52 @@ class _Page:
         noise = self.f.get("label_noise") or {}
         if noise:
             rate = noise.get("noise_rate") or {}
-            said = (f"{100 * rate['estimate']:.1f}% estimated label noise "
-                    f"({100 * rate['low']:.1f}-{100 * rate['high']:.1f}%)" if rate else "no estimate")
+            said = (
+                f"{100 * rate['estimate']:.1f}% estimated label noise "
+                f"({100 * rate['low']:.1f}-{100 * rate['high']:.1f}%)"
+                if rate
+                else "no estimate"
+            )
             rows.append(("suspected mislabels", f"{len(noise.get('suspects', []))}; {said}"))
         for name, check in ((self.f.get("quality") or {}).get("checks") or {}).items():
             rows.append((f"quality: {name}", f"{len(check.get('flagged', []))} flagged"))
-        for key, what in (("duplicates", "duplicate pairs"), ("quarantine", "quarantined samples"),
-                          ("excluded", "excluded samples")):
+        for key, what in (
+            ("duplicates", "duplicate pairs"),
+            ("quarantine", "quarantined samples"),
+            ("excluded", "excluded samples"),
+        ):
             if key in self.f:
                 rows.append((what, str(len(self.f[key] or []))))
         if not rows:
-            return "<p class=\"note\">No findings.</p>"
+            return '<p class="note">No findings.</p>'
         cells = "".join(f"<tr><td>{_e(a)}</td><td>{_e(b)}</td></tr>" for a, b in rows)
-        return f"<table class=\"summary\" id=\"summary\">{cells}</table>"
+        return f'<table class="summary" id="summary">{cells}</table>'
 
     def label_noise(self) -> str:
         noise = self.f.get("label_noise")
         if not noise:
             return ""
         rate = noise.get("noise_rate") or {}
-        parts = ["<section id=\"label-noise\"><h2>Suspected mislabels</h2>"]
+        parts = ['<section id="label-noise"><h2>Suspected mislabels</h2>']
         if rate:
-            parts.append(f"<p>Estimated label-noise rate: <b>{100 * rate['estimate']:.1f}%</b> "
-                         f"({100 * rate.get('confidence', 0.95):.0f}% interval {100 * rate['low']:.1f}-"
-                         f"{100 * rate['high']:.1f}%; {_e(rate.get('method', ''))}); threshold "
-                         f"{_num(noise.get('threshold'))}, {_e(noise.get('samples', ''))} samples, "
-                         f"up to {_e(noise.get('max_records', ''))} records each.</p>")
+            parts.append(
+                f"<p>Estimated label-noise rate: <b>{100 * rate['estimate']:.1f}%</b> "
+                f"({100 * rate.get('confidence', 0.95):.0f}% interval {100 * rate['low']:.1f}-"
+                f"{100 * rate['high']:.1f}%; {_e(rate.get('method', ''))}); threshold "
+                f"{_num(noise.get('threshold'))}, {_e(noise.get('samples', ''))} samples, "
+                f"up to {_e(noise.get('max_records', ''))} records each.</p>"
+            )
         if noise.get("aum_histogram"):
             parts.append(self._plot(_aum_figure, noise, "the distribution of AUM, with the threshold"))
         suspects = noise.get("suspects") or []
-        cards = [f"<figure class=\"suspect\">{self._thumb(s.get('id'), s.get('split'), s.get('file'))}"
-                 f"<figcaption>id {_e(s.get('id'))}<br>given <b>{_e(self._label(s.get('given')))}</b>, "
-                 f"predicted <b>{_e(self._label(s.get('predicted')))}</b><br>score {_num(s.get('score'))}"
-                 + (f", loss {_num(s.get('loss'))}" if s.get("loss") is not None else "")
-                 + "</figcaption></figure>" for s in suspects[: self.o.rows]]
+        cards = [
+            f'<figure class="suspect">{self._thumb(s.get("id"), s.get("split"), s.get("file"))}'
+            f"<figcaption>id {_e(s.get('id'))}<br>given <b>{_e(self._label(s.get('given')))}</b>, "
+            f"predicted <b>{_e(self._label(s.get('predicted')))}</b><br>score {_num(s.get('score'))}"
+            + (f", loss {_num(s.get('loss'))}" if s.get("loss") is not None else "")
+            + "</figcaption></figure>"
+            for s in suspects[: self.o.rows]
+        ]
         parts.append(self._grid("suspects", cards, len(suspects)))
         return "".join(parts) + "</section>"
 
@@ -152,23 +182,33 @@ class _Page:
         quality = self.f.get("quality")
         if not quality:
             return ""
-        parts = ["<section id=\"quality\"><h2>Image quality</h2>"]
+        parts = ['<section id="quality"><h2>Image quality</h2>']
         for name, check in (quality.get("checks") or {}).items():
             flagged = check.get("flagged") or []
-            figures = [f"<figure>{self._thumb(item.get('id'), item.get('split'), item.get('file'))}"
-                       f"<figcaption>id {_e(item.get('id'))}<br>score {_num(item.get('score'))}"
-                       + (f"<br>class {_e(self._label(item['label']))}" if item.get("label") is not None else "")
-                       + (f"<br>{_e(item['reason'])}" if item.get("reason") else "") + "</figcaption></figure>"
-                       for item in flagged[: self.o.rows]]
-            parts.append(f"<h3>{_e(name)}</h3><p class=\"note\">{len(flagged)} flagged; threshold "
-                         f"{_num(check.get('threshold'))}</p>" + self._grid("quality", figures, len(flagged)))
+            figures = [
+                f"<figure>{self._thumb(item.get('id'), item.get('split'), item.get('file'))}"
+                f"<figcaption>id {_e(item.get('id'))}<br>score {_num(item.get('score'))}"
+                + (f"<br>class {_e(self._label(item['label']))}" if item.get("label") is not None else "")
+                + (f"<br>{_e(item['reason'])}" if item.get("reason") else "")
+                + "</figcaption></figure>"
+                for item in flagged[: self.o.rows]
+            ]
+            parts.append(
+                f'<h3>{_e(name)}</h3><p class="note">{len(flagged)} flagged; threshold '
+                f"{_num(check.get('threshold'))}</p>" + self._grid("quality", figures, len(flagged))
+            )
         per_class = quality.get("per_class") or {}
         if per_class:
             names = sorted({n for counts in per_class.values() for n in counts})
             head = "<tr><th>class</th>" + "".join(f"<th>{_e(n)}</th>" for n in names) + "</tr>"
-            rows = ["<tr><td>" + _e(self._label(label)) + "</td>" + "".join(
-                f"<td class=\"num\">{_e(counts.get(n, 0))}</td>" for n in names) + "</tr>"
-                for label, counts in per_class.items()]
+            rows = [
+                "<tr><td>"
+                + _e(self._label(label))
+                + "</td>"
+                + "".join(f'<td class="num">{_e(counts.get(n, 0))}</td>' for n in names)
+                + "</tr>"
+                for label, counts in per_class.items()
+            ]
             parts.append(self._table("per-class", head, rows, len(rows)))
             parts.append(self._plot(_per_class_figure, per_class, "flagged images per class and check"))
         return "".join(parts) + "</section>"
@@ -178,49 +218,68 @@ class _Page:
             return ""
         pairs = self.f["duplicates"] or []
         head = "<tr><th>a</th><th></th><th>b</th><th></th><th>distance</th></tr>"
-        rows = [f"<tr><td>{self._thumb(p.get('a'), p.get('split_a'), p.get('a_file'))}</td>"
-                f"<td>{_e(p.get('split_a') or '')} id {_e(p.get('a'))}<br>{_e(p.get('a_file') or '')}</td>"
-                f"<td>{self._thumb(p.get('b'), p.get('split_b'), p.get('b_file'))}</td>"
-                f"<td>{_e(p.get('split_b') or '')} id {_e(p.get('b'))}<br>{_e(p.get('b_file') or '')}</td>"
-                f"<td class=\"num\">{_num(p.get('distance'))}</td></tr>" for p in pairs[: self.o.rows]]
-        return "<section id=\"duplicates\"><h2>Duplicate pairs</h2>" + self._table("pairs", head, rows,
-                                                                                 len(pairs)) + "</section>"
+        rows = [
+            f"<tr><td>{self._thumb(p.get('a'), p.get('split_a'), p.get('a_file'))}</td>"
+            f"<td>{_e(p.get('split_a') or '')} id {_e(p.get('a'))}<br>{_e(p.get('a_file') or '')}</td>"
+            f"<td>{self._thumb(p.get('b'), p.get('split_b'), p.get('b_file'))}</td>"
+            f"<td>{_e(p.get('split_b') or '')} id {_e(p.get('b'))}<br>{_e(p.get('b_file') or '')}</td>"
+            f'<td class="num">{_num(p.get("distance"))}</td></tr>'
+            for p in pairs[: self.o.rows]
+        ]
+        return (
+            '<section id="duplicates"><h2>Duplicate pairs</h2>'
+            + self._table("pairs", head, rows, len(pairs))
+            + "</section>"
+        )
 
     def quarantine(self) -> str:
         if "quarantine" not in self.f:
             return ""
         entries = self.f["quarantine"] or []
         head = "<tr><th>id</th><th>file</th><th>epoch</th><th>attempts</th><th>error</th></tr>"
-        rows = [f"<tr><td class=\"num\">{_e(q.get('id'))}</td><td>{_e(q.get('file') or '')}</td>"
-                f"<td class=\"num\">{_e(q.get('epoch', ''))}</td><td class=\"num\">{_e(q.get('attempt', ''))}</td>"
-                f"<td>{_e(q.get('error'))}</td></tr>" for q in entries[: self.o.rows]]
-        return "<section id=\"quarantine\"><h2>Quarantine</h2>" + self._table("quarantined", head, rows,
-                                                                            len(entries)) + "</section>"
+        rows = [
+            f'<tr><td class="num">{_e(q.get("id"))}</td><td>{_e(q.get("file") or "")}</td>'
+            f'<td class="num">{_e(q.get("epoch", ""))}</td><td class="num">{_e(q.get("attempt", ""))}</td>'
+            f"<td>{_e(q.get('error'))}</td></tr>"
+            for q in entries[: self.o.rows]
+        ]
+        return (
+            '<section id="quarantine"><h2>Quarantine</h2>'
+            + self._table("quarantined", head, rows, len(entries))
+            + "</section>"
+        )
 
     def excluded(self) -> str:
         if "excluded" not in self.f:
             return ""
         entries = self.f["excluded"] or []
         head = "<tr><th>id</th><th>reason</th></tr>"
-        rows = [f"<tr><td class=\"num\">{_e(x.get('id'))}</td><td>{_e(x.get('reason'))}</td></tr>"
-                for x in entries[: self.o.rows]]
-        return "<section id=\"excluded\"><h2>Excluded</h2>" + self._table("excluded-ids", head, rows,
-                                                                        len(entries)) + "</section>"
+        rows = [
+            f'<tr><td class="num">{_e(x.get("id"))}</td><td>{_e(x.get("reason"))}</td></tr>'
+            for x in entries[: self.o.rows]
+        ]
+        return (
+            '<section id="excluded"><h2>Excluded</h2>'
+            + self._table("excluded-ids", head, rows, len(entries))
+            + "</section>"
+        )
 
     # -- pieces -------------------------------------------------------------------------------------
     def _table(self, name: str, head: str, rows: list[str], total: int) -> str:
         if not total:
-            return "<p class=\"note\">None.</p>"
+            return '<p class="note">None.</p>'
         more = total - len(rows)
-        return (f"<table class=\"{_e(name)}\">{head}{''.join(rows)}</table>"
-                + (f"<p class=\"note\">{more} more not shown</p>" if more > 0 else ""))
+        return f'<table class="{_e(name)}">{head}{"".join(rows)}</table>' + (
+            f'<p class="note">{more} more not shown</p>' if more > 0 else ""
+        )
 
     def _grid(self, name: str, figures: list[str], total: int) -> str:
         if not total:
-            return "<p class=\"note\">None.</p>"
+            return '<p class="note">None.</p>'
         more = total - len(figures)
-        return (f"<div class=\"grid {_e(name)}\">{''.join(figures)}</div>"
-                + (f"<p class=\"note\">{more} more not shown</p>" if more > 0 else ""))
+        return f'<div class="grid {_e(name)}">{"".join(figures)}</div>' + (
+            f'<p class="note">{more} more not shown</p>' if more > 0 else ""
+        )
 
     def _label(self, label: Any) -> Any:
         names = self.o.class_names
@@ -232,10 +291,10 @@ class _Page:
         try:
             png = self._thumbnail_png(sample_id, split, file)
         except Exception as exc:  # one unreadable image never stops the page; it says why
-            return f"<span class=\"missing\">no image: {_e(type(exc).__name__)}: {_e(exc)}</span>"
+            return f'<span class="missing">no image: {_e(type(exc).__name__)}: {_e(exc)}</span>'
         if png is None:
-            return "<span class=\"note\">no image</span>"
-        return f"<img class=\"thumb\" alt=\"sample {_e(sample_id)}\" src=\"data:image/png;base64,{png}\">"
+            return '<span class="note">no image</span>'
+        return f'<img class="thumb" alt="sample {_e(sample_id)}" src="data:image/png;base64,{png}">'
 
     def _thumbnail_png(self, sample_id: Any, split: str | None, file: str | None) -> str | None:
         from PIL import Image
@@ -266,7 +325,7 @@ class _Page:
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=90)
         encoded = base64.b64encode(buffer.getvalue()).decode("ascii")
-        return f"<p><img class=\"plot\" alt=\"{_e(alt)}\" src=\"data:image/png;base64,{encoded}\"></p>"
+        return f'<p><img class="plot" alt="{_e(alt)}" src="data:image/png;base64,{encoded}"></p>'
 
 
 def _displayable(a: np.ndarray) -> np.ndarray:
@@ -302,8 +361,12 @@ def _per_class_figure(ax, per_class: Mapping) -> None:
     names = sorted({n for counts in per_class.values() for n in counts})
     width = 0.8 / max(len(names), 1)
     for k, name in enumerate(names):
-        ax.bar(np.arange(len(labels)) + k * width, [counts.get(name, 0) for counts in per_class.values()],
-               width, label=name)
+        ax.bar(
+            np.arange(len(labels)) + k * width,
+            [counts.get(name, 0) for counts in per_class.values()],
+            width,
+            label=name,
+        )
     ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels)
     ax.set_xlabel("class")
     ax.set_ylabel("flagged")

@@ -3,16 +3,17 @@
 This is the only place that touches the source and the transform, so inline,
 thread and process execution produce bit-identical batches by construction.
 """
+
 from __future__ import annotations
 
 import time
 import traceback
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from ..sampling.seeds import SampleStreams
 from ..errors import CollateError
+from ..sampling.seeds import SampleStreams
 from ..sources.base import NO_FDS, as_sample, fd_limit_note, locate, native, read_columns, read_many
 from .task import BatchResult, BatchTask, Disagreement, SampleFailure, Stage, StatusSlot, WorkContext
 
@@ -135,21 +136,22 @@ def find_disagreement(samples: dict[int, dict], ids, collate: str) -> Disagreeme
             r = ref[key]
             what = layout_conflict((r.shape, r.dtype), (arr.shape, arr.dtype), collate)
             if what is not None:
-                return Disagreement(what, key, (ref_id, int(ids[pos])),
-                                    (_text(r.shape, r.dtype), _text(arr.shape, arr.dtype)), collate)
+                return Disagreement(
+                    what, key, (ref_id, int(ids[pos])), (_text(r.shape, r.dtype), _text(arr.shape, arr.dtype)), collate
+                )
     return None
 
 
 _FIXES = {
     "shape": "give every sample one shape (a fixed size at the source, e.g. ImageFolder(size=(h, w)), or a "
-             "transform that resizes, crops or pads), or pass collate='pad' to pad each batch to its largest "
-             "shape, with '{key}_shape' holding each row's true shape",
+    "transform that resizes, crops or pads), or pass collate='pad' to pad each batch to its largest "
+    "shape, with '{key}_shape' holding each row's true shape",
     "strings": "strings of different lengths: pass collate='pad', which pads them to the widest of the batch "
-               "(or make them one length in a transform)",
+    "(or make them one length in a transform)",
     "dtype": "give every sample one dtype: cast it at the source or in a transform (e.g. "
-             "sample[{key!r}].astype('float32')); collate='pad' pads shapes, it does not cast",
+    "sample[{key!r}].astype('float32')); collate='pad' pads shapes, it does not cast",
     "ndim": "collate='pad' pads each dimension but needs the same number of dimensions in every sample: "
-            "reshape in a transform",
+    "reshape in a transform",
     "keys": "give every sample the same keys: add or drop keys in a transform",
     "name": "collate='pad' adds '{key}' for a key's true shapes: rename the samples' own key in a transform",
 }
@@ -168,13 +170,24 @@ def collate_error(d: Disagreement, source, epoch: int, batch_index: int) -> Coll
     if d.what == "name":
         found = f"{named[0]}, the first of its batch, already has a key {d.key!r}"
     else:
-        found = (f"key {d.key!r}: " if d.key is not None else "") + \
-            f"{named[1]} has {d.found[1]} but {named[0]}, the first of its batch, has {d.found[0]}"
+        found = (
+            f"key {d.key!r}: " if d.key is not None else ""
+        ) + f"{named[1]} has {d.found[1]} but {named[0]}, the first of its batch, has {d.found[0]}"
     fix = conflict_fix(d.what, d.key or "x")
-    message = (f"cannot collate batch {batch_index} of epoch {epoch} (collate={d.collate!r}): {found}. Each "
-               f"sample read fine, so none is skipped or quarantined (raised under any on_error). Fix: {fix}.")
-    return CollateError(message, epoch=epoch, batch_index=batch_index, key=d.key, sample_ids=d.ids,
-                        locations=where, found=d.found, collate=d.collate)
+    message = (
+        f"cannot collate batch {batch_index} of epoch {epoch} (collate={d.collate!r}): {found}. Each "
+        f"sample read fine, so none is skipped or quarantined (raised under any on_error). Fix: {fix}."
+    )
+    return CollateError(
+        message,
+        epoch=epoch,
+        batch_index=batch_index,
+        key=d.key,
+        sample_ids=d.ids,
+        locations=where,
+        found=d.found,
+        collate=d.collate,
+    )
 
 
 def _allocate(item_specs: dict, rows: int, spec, allocate: Allocator) -> dict[str, np.ndarray]:
@@ -225,8 +238,9 @@ def _put(out: dict, rows, sample: dict, collate: str) -> None:
         column[rows] = arr
 
 
-def collate(samples: dict[int, dict], task: BatchTask, allocate: Allocator,
-            policy: str = "stack") -> dict[str, np.ndarray] | None:
+def collate(
+    samples: dict[int, dict], task: BatchTask, allocate: Allocator, policy: str = "stack"
+) -> dict[str, np.ndarray] | None:
     """Stack (or pad and stack) the samples, ordered by position, into fresh arrays, with ``id``
     and, when padding the last batch, ``mask``. The samples agree (see find_disagreement)."""
     spec = task.spec
@@ -245,18 +259,25 @@ def collate(samples: dict[int, dict], task: BatchTask, allocate: Allocator,
 
 
 def _ownable(column: np.ndarray) -> bool:
-    return (type(column) is np.ndarray and column.flags.writeable and column.flags.c_contiguous
-            and column.dtype.isnative)
+    return type(column) is np.ndarray and column.flags.writeable and column.flags.c_contiguous and column.dtype.isnative
 
 
-def collate_columns(columns: dict[str, np.ndarray], task: BatchTask, allocate: Allocator,
-                    policy: str = "stack") -> dict[str, np.ndarray]:
+def collate_columns(
+    columns: dict[str, np.ndarray], task: BatchTask, allocate: Allocator, policy: str = "stack"
+) -> dict[str, np.ndarray]:
     """The fast path: a batch read as stacked columns goes into the output in one copy per key
     (native byte order; under "pad" every row has the column's shape, so "<key>_shape" is that)."""
     spec = task.spec
     real = spec.num_real
-    shapes = ({key + SHAPE_SUFFIX: np.tile(np.array(col.shape[1:], np.int64), (len(col), 1))
-               for key, col in columns.items() if col.ndim > 1} if policy == "pad" else {})
+    shapes = (
+        {
+            key + SHAPE_SUFFIX: np.tile(np.array(col.shape[1:], np.int64), (len(col), 1))
+            for key, col in columns.items()
+            if col.ndim > 1
+        }
+        if policy == "pad"
+        else {}
+    )
     if allocate is numpy_allocator and spec.pad_to is None and all(_ownable(col) for col in columns.values()):
         # read_batch hands over fresh arrays (its contract): keep them instead of copying again
         return {**columns, **shapes, "id": spec.ids[:real].copy()}
@@ -270,8 +291,13 @@ def collate_columns(columns: dict[str, np.ndarray], task: BatchTask, allocate: A
     return out
 
 
-def run_batch(task: BatchTask, ctx: WorkContext, status: StatusSlot, allocate: Allocator = numpy_allocator,
-              should_stop: Callable[[], bool] = lambda: False) -> BatchResult:
+def run_batch(
+    task: BatchTask,
+    ctx: WorkContext,
+    status: StatusSlot,
+    allocate: Allocator = numpy_allocator,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> BatchResult:
     spec = task.spec
     status.begin(task.task_id, Stage.READING_BATCH)
     reader = _Reader(task, ctx)
@@ -314,4 +340,3 @@ def run_batch(task: BatchTask, ctx: WorkContext, status: StatusSlot, allocate: A
 def _clashes(columns: dict[str, np.ndarray], policy: str) -> bool:
     """Under "pad", a column named like a true-shape key of another: the per-sample path names it."""
     return policy == "pad" and any(col.ndim > 1 and key + SHAPE_SUFFIX in columns for key, col in columns.items())
-

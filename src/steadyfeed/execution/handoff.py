@@ -37,6 +37,7 @@ always goes back to a worker (``scheduler.py``), and after any worker loss the l
 keeps every batch in its workers (``pin_to_workers``). Batches cheap enough to be made
 inline are, in practice, plain reads (array slices, raw HDF5 rows), not decoding.
 """
+
 from __future__ import annotations
 
 import statistics

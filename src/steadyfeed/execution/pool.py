@@ -7,6 +7,7 @@ runs past ``timeout``; the pool then replaces it and reports ``Lost``, and the s
 decides what the lost tasks become (``scheduler.py``). Death is seen at once (process
 sentinels, the thread's own report), timeouts within a poll interval.
 """
+
 from __future__ import annotations
 
 import queue
@@ -156,8 +157,11 @@ class WorkerPool(InlinePool):
     def _expire_timeouts(self) -> list[Event]:
         if self.timeout is None:
             return []
-        late = [wid for wid, worker in self.workers.items()
-                if (r := worker.running()) is not None and r.in_sample and r.elapsed > self.timeout]
+        late = [
+            wid
+            for wid, worker in self.workers.items()
+            if (r := worker.running()) is not None and r.in_sample and r.elapsed > self.timeout
+        ]
         return [self._lose(wid, "timeout", f"ran past timeout={self.timeout}s") for wid in late]
 
 
@@ -182,8 +186,9 @@ class _OutboxPool(WorkerPool):
 
     def _handle(self, kind: str, wid: int, payload) -> list[Event]:
         if kind == "crashed":
-            raise RuntimeError(f"steadyfeed bug: a thread of the pool that sends tasks or receives results "
-                               f"failed:\n{payload}")
+            raise RuntimeError(
+                f"steadyfeed bug: a thread of the pool that sends tasks or receives results failed:\n{payload}"
+            )
         if kind == "died":
             worker = self.workers.get(wid)
             return [] if worker is None else [self._lose(wid, "died", worker.death_detail(payload))]
@@ -216,8 +221,14 @@ class ProcessPool(_OutboxPool):
     thread, from a worker's ``Shortage`` report (``_short_of_shm``); ``stats`` records it, so
     a later pool of the same loader starts on pipes."""
 
-    def __init__(self, ctx: WorkContext, size: int, timeout: float | None, transport: str = "auto",
-                 stats: LoaderStats | None = None):
+    def __init__(
+        self,
+        ctx: WorkContext,
+        size: int,
+        timeout: float | None,
+        transport: str = "auto",
+        stats: LoaderStats | None = None,
+    ):
         self._policy = transport
         self._stats = stats if stats is not None else LoaderStats()
         self._by_pipe = transport == "pipe" or self._stats.transport_fallback is not None
@@ -237,7 +248,10 @@ class ProcessPool(_OutboxPool):
             raise SharedMemoryFull(
                 f"{exc.shortage.text(f'the status slot of process worker {wid}')}: every process worker needs "
                 f"one page of shared memory (under any transport). Fix: {shm.FIXES}.",
-                exc.shortage.needed, exc.shortage.free, exc.shortage.total) from None
+                exc.shortage.needed,
+                exc.shortage.free,
+                exc.shortage.total,
+            ) from None
         self._receiver.watch(wid, worker.conn, worker.sentinel)
         return worker
 
@@ -246,19 +260,27 @@ class ProcessPool(_OutboxPool):
 
     def _short_of_shm(self, shortage: shm.Shortage) -> None:
         """A worker found no room in shared memory for a batch slot (and sent that batch by pipe)."""
-        need = (f"each process worker keeps up to {TASKS_PER_WORKER} slots of its largest batch, so {self.size} "
-                f"workers need about {human_bytes(TASKS_PER_WORKER * self.size * shortage.needed)}")
+        need = (
+            f"each process worker keeps up to {TASKS_PER_WORKER} slots of its largest batch, so {self.size} "
+            f"workers need about {human_bytes(TASKS_PER_WORKER * self.size * shortage.needed)}"
+        )
         what = f"{shortage.text('a batch slot')} ({need})"
         if self._policy == "shm":
-            raise SharedMemoryFull(f"{what}, and transport='shm' does not fall back to pipes. Fix: {shm.FIXES}; "
-                                   "or pass transport='auto' to let batches travel through the workers' pipes.",
-                                   shortage.needed, shortage.free, shortage.total)
+            raise SharedMemoryFull(
+                f"{what}, and transport='shm' does not fall back to pipes. Fix: {shm.FIXES}; "
+                "or pass transport='auto' to let batches travel through the workers' pipes.",
+                shortage.needed,
+                shortage.free,
+                shortage.total,
+            )
         if self._by_pipe:  # a task sent before the switch: said already
             return
         self._by_pipe = True
-        message = (f"{what}: process workers now send batches through their pipes instead (one more copy per "
-                   f"batch; loader.stats()['transport'] says 'pipe'). To keep shared memory, {shm.FIXES}; "
-                   "transport='pipe' chooses pipes from the start, transport='shm' raises instead.")
+        message = (
+            f"{what}: process workers now send batches through their pipes instead (one more copy per "
+            f"batch; loader.stats()['transport'] says 'pipe'). To keep shared memory, {shm.FIXES}; "
+            "transport='pipe' chooses pipes from the start, transport='shm' raises instead."
+        )
         self._stats.transport, self._stats.transport_fallback = "pipe", message
         warnings.warn(message, RuntimeWarning, stacklevel=2)
 
@@ -270,8 +292,15 @@ class ProcessPool(_OutboxPool):
             self._receiver.stop()
 
 
-def make_pool(mode: str, workers: int, ctx: WorkContext, timeout: float | None, *, transport: str = "auto",
-              stats: LoaderStats | None = None):
+def make_pool(
+    mode: str,
+    workers: int,
+    ctx: WorkContext,
+    timeout: float | None,
+    *,
+    transport: str = "auto",
+    stats: LoaderStats | None = None,
+):
     """The pool for ``workers`` workers of ``mode`` (no workers: :class:`InlinePool`); ``stats``
     learns the transport in use (``transport`` is process mode's, ``ExecutionOptions.transport``)."""
     stats = stats if stats is not None else LoaderStats()

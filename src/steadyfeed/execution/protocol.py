@@ -11,11 +11,12 @@ tasks become. ``run_here`` makes a batch in the caller's thread, which every poo
 A :class:`Worker` is one thread, process or actor of a pool; the shared bookkeeping of
 pools of workers is ``pool.WorkerPool``.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Protocol, Union
+from typing import Protocol
 
 from .task import BatchResult, BatchTask, Running
 
@@ -33,7 +34,7 @@ class Lost:
     detail: str
 
 
-Event = Union[Done, Lost]
+Event = Done | Lost
 
 
 class Pool(Protocol):

@@ -41,6 +41,7 @@ Guarantees:
   either, it keeps none, and its death charges no sample. Batches travel through Ray's object
   store, which Ray places and sizes itself when the cluster starts (README, "Hostile machines").
 """
+
 from __future__ import annotations
 
 import mmap
@@ -180,10 +181,13 @@ def consumer_slot(name: str, wid: int):
     except shm.NoRoom as exc:
         if not _said_full:
             _said_full = True
-            warnings.warn(f"{exc.shortage.text(f'the status slot of Ray actor {wid}')}: actors on this node keep "
-                          "their status in a slot of their own instead, or none where that does not fit either (a "
-                          f"death there then charges no sample). To keep it, {shm.FIXES}.", RuntimeWarning,
-                          stacklevel=2)
+            warnings.warn(
+                f"{exc.shortage.text(f'the status slot of Ray actor {wid}')}: actors on this node keep "
+                "their status in a slot of their own instead, or none where that does not fit either (a "
+                f"death there then charges no sample). To keep it, {shm.FIXES}.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return None
     shm.status_cells(segment)[0] = -1  # idle until the actor writes it
     return segment
@@ -210,9 +214,11 @@ def _sweep(prefix: str) -> int:
 class _Actor:
     """One actor as a ``protocol.Worker``: its handle, its pending ``run`` calls, and its status."""
 
-    def __init__(self, wid: int, handle, segment, pool: "RayPool"):
+    def __init__(self, wid: int, handle, segment, pool: RayPool):
         self.wid, self.handle, self.segment, self._pool = wid, handle, segment, pool
-        self.cells: np.ndarray | None = None if segment is None else shm.status_cells(segment)  # None: /dev/shm was full
+        self.cells: np.ndarray | None = (
+            None if segment is None else shm.status_cells(segment)
+        )  # None: /dev/shm was full
         self.outstanding: OrderedDict[int, BatchTask] = OrderedDict()
         self.pending: dict = {}  # ObjectRef of a run call -> its task id
         self.polled: tuple | None = None  # last status() answer: (task_id, position, seconds)
@@ -309,8 +315,11 @@ class RayPool(WorkerPool):
         try:
             # ignore: mypy keeps a decorated class's own type; @ray.remote made it an ActorClass with .options
             handle = BatchActor.options(  # type: ignore[attr-defined]
-                name=f"{ACTOR_PREFIX}{self.token}-{wid}", max_concurrency=1, **ACTOR_OPTIONS,
-                max_restarts=0, max_task_retries=0,  # the scheduler decides what a lost task becomes
+                name=f"{ACTOR_PREFIX}{self.token}-{wid}",
+                max_concurrency=1,
+                **ACTOR_OPTIONS,
+                max_restarts=0,
+                max_task_retries=0,  # the scheduler decides what a lost task becomes
             ).remote(self._ctx_ref, shared, self.node_id, f"{self._own_slots}{wid}")
         except BaseException:
             if segment is not None:
@@ -344,9 +353,12 @@ class RayPool(WorkerPool):
                 f"no Ray actor of this loader has been running for {START_SECONDS:.0f}s on the cluster at "
                 f"{self.address}: {len(self.workers)} waiting to start, each needs {_needs()} "
                 f"({_available_cpus()} CPUs available now). Lower workers, give the cluster more CPUs, or check "
-                "that its nodes are alive.", address=self.address,
+                "that its nodes are alive.",
+                address=self.address,
             )
-        late = [a for a in self.workers.values() if not a.placed and not a.warned_late and now - a.spawned > START_SECONDS]
+        late = [
+            a for a in self.workers.values() if not a.placed and not a.warned_late and now - a.spawned > START_SECONDS
+        ]
         if late:
             for actor in late:
                 actor.warned_late = True
@@ -354,7 +366,8 @@ class RayPool(WorkerPool):
                 f"{len(late)} of {len(self.workers)} Ray actors not started within {START_SECONDS:.0f}s on the "
                 f"cluster at {self.address} (each needs {_needs()}; {_available_cpus()} CPUs available now): the "
                 f"epoch runs on the {len(self._running_actors())} running, and the others join when placed.",
-                RuntimeWarning, stacklevel=2,
+                RuntimeWarning,
+                stacklevel=2,
             )
 
     def actor_pids(self) -> list[int]:
@@ -414,8 +427,11 @@ class RayPool(WorkerPool):
         try:
             left = ray.get(self._agents[actor.node_id].last_status.remote(actor.kept), timeout=AGENT_SECONDS)
         except RayError as exc:  # GetTimeoutError included: an agent that cannot answer blames nobody
-            return None, f"{detail}; its last status could not be read on its node ({_first_line(exc)}), so no " \
-                         "sample is charged"
+            return (
+                None,
+                f"{detail}; its last status could not be read on its node ({_first_line(exc)}), so no "
+                "sample is charged",
+            )
         if left is None or left[0] < 0:
             return None, detail
         return Running(int(left[0]), as_position(left[1]), 0.0), detail
@@ -426,8 +442,9 @@ class RayPool(WorkerPool):
         if node is None or not node["Alive"]:
             return "the cluster lists it as dead"
         try:
-            socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])),
-                                     timeout=HEAD_PROBE_SECONDS).close()
+            socket.create_connection(
+                (node["NodeManagerAddress"], int(node["NodeManagerPort"])), timeout=HEAD_PROBE_SECONDS
+            ).close()
         except OSError as exc:
             return f"its raylet does not answer: {exc}"
         return None
@@ -444,8 +461,11 @@ class RayPool(WorkerPool):
         live = {node: a for node, a in agents.items() if node not in self._lost_nodes}
         if live and self.cluster_alive():
             try:
-                ray.wait([a.sweep.remote(self._own_slots) for a in live.values()], num_returns=len(live),
-                         timeout=SWEEP_SECONDS)
+                ray.wait(
+                    [a.sweep.remote(self._own_slots) for a in live.values()],
+                    num_returns=len(live),
+                    timeout=SWEEP_SECONDS,
+                )
             except RayError:
                 pass  # a node that went meanwhile: its slots went with it
         if self.cluster_alive():
@@ -529,7 +549,9 @@ class RayPool(WorkerPool):
         self._cluster_lost = True
         return RayClusterLost(
             f"the Ray cluster at {self.address} that this loader's {self.size} actors ran on is gone "
-            f"({why}); the epoch cannot continue. Re-create the Loader after reconnecting.", address=self.address)
+            f"({why}); the epoch cannot continue. Re-create the Loader after reconnecting.",
+            address=self.address,
+        )
 
     def _guard(self, call, *args, **kwargs):
         try:

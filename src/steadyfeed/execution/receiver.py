@@ -18,6 +18,7 @@ Guarantees:
 * the copy runs under the slots' lock (``shm.ConsumerSlots``), so the consumer unlinking a
   dead worker's slots never pulls a segment from under it.
 """
+
 from __future__ import annotations
 
 import os

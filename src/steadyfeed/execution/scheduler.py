@@ -17,6 +17,7 @@ batch itself (``pool.run_here``) once the batches already in flight have arrived
 batch whose worker was lost always goes back to a worker: a sample that kills its
 process must never run in the consumer's.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -85,9 +86,22 @@ class ByteBudget:
 
 
 class EpochRun:
-    def __init__(self, pool: Pool, plan: list[BatchSpec], *, epoch: int, start: int, prefetch: int, retries: int,
-                 stop_on_failure: bool, task_ids: itertools.count, max_blameless_deaths: int, stats, handoff,
-                 budget: ByteBudget | None = None):
+    def __init__(
+        self,
+        pool: Pool,
+        plan: list[BatchSpec],
+        *,
+        epoch: int,
+        start: int,
+        prefetch: int,
+        retries: int,
+        stop_on_failure: bool,
+        task_ids: itertools.count,
+        max_blameless_deaths: int,
+        stats,
+        handoff,
+        budget: ByteBudget | None = None,
+    ):
         self.pool, self.plan, self.epoch = pool, plan, epoch
         self.budget = budget if budget is not None else ByteBudget()
         self.handoff = handoff
@@ -195,8 +209,9 @@ class EpochRun:
             if batch is None or batch.task is None or batch.task.task_id != result.task_id:
                 return  # a stale result of a task that was already re-run
             failures = sorted([*result.failures, *batch.lost_failures], key=lambda f: f.position)
-            self.ready[result.batch_index] = Outcome(batch.spec, result.arrays, failures, dict(result.timings),
-                                                     result.disagreement)
+            self.ready[result.batch_index] = Outcome(
+                batch.spec, result.arrays, failures, dict(result.timings), result.disagreement
+            )
             if self.budget.learn(batch_bytes(result.arrays)):
                 self._fill_window()  # the first size known: the window may hold more than one batch now
         else:
@@ -210,7 +225,10 @@ class EpochRun:
                 f"{self.deaths_since_progress} workers were lost in a row without finishing a batch; "
                 f"last: {event.detail}. Check the workers' stderr (e.g. the source or transform fails to "
                 "unpickle or import in a fresh process).",
-                sample_id=-1, epoch=self.epoch, batch_index=self.next_to_yield, attempts=0,
+                sample_id=-1,
+                epoch=self.epoch,
+                batch_index=self.next_to_yield,
+                attempts=0,
                 error_type="WorkerDied",
             )
         for task in event.tasks:
@@ -237,8 +255,11 @@ class EpochRun:
             if batch.blameless_deaths > self.retries:
                 raise WorkerDied(
                     f"worker lost while collating batch {task.spec.index} of epoch {self.epoch}: {event.detail}",
-                    sample_id=-1, epoch=self.epoch, batch_index=task.spec.index,
-                    attempts=batch.blameless_deaths, error_type="WorkerDied",
+                    sample_id=-1,
+                    epoch=self.epoch,
+                    batch_index=task.spec.index,
+                    attempts=batch.blameless_deaths,
+                    error_type="WorkerDied",
                 )
             return
         attempts = task.prior_attempts.get(position, 0) + 1
@@ -246,9 +267,13 @@ class EpochRun:
             batch.task = replace(task, prior_attempts={**task.prior_attempts, position: attempts})
             return
         failure = SampleFailure(
-            position=position, sample_id=int(task.spec.ids[position]), attempts=attempts,
+            position=position,
+            sample_id=int(task.spec.ids[position]),
+            attempts=attempts,
             error_type="SampleTimeout" if event.cause == "timeout" else "WorkerDied",
-            message=event.detail, traceback="", cause=event.cause,
+            message=event.detail,
+            traceback="",
+            cause=event.cause,
         )
         batch.lost_failures.append(failure)
         batch.task = replace(task, excluded=task.excluded | {position})

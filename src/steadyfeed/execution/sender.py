@@ -15,6 +15,7 @@ Guarantees:
 * any other failure (a task that does not pickle: a bug) reaches the pool's outbox as
   ``("crashed", -1, traceback)``, so the consumer never waits for a task that was never sent.
 """
+
 from __future__ import annotations
 
 import os

@@ -19,6 +19,7 @@ slot is a :class:`NoRoom` before any byte is written; the worker then makes that
 its own memory and it travels through the pipe instead, and the consumer decides what
 follows (``pool.ProcessPool``: fall back to pipes, or raise).
 """
+
 from __future__ import annotations
 
 import errno
@@ -45,8 +46,10 @@ PREFIX = "sf"
 _ALIGN = 64
 PLACE = "/dev/shm" if sys.platform.startswith("linux") else "shared memory"  # where shm_open's segments live
 _FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
-FIXES = ("give the machine more shared memory (Docker: docker run --shm-size=2g ...; Kubernetes: an emptyDir "
-         "volume with medium: Memory mounted at /dev/shm), make batches smaller (batch_size), or use mode='thread'")
+FIXES = (
+    "give the machine more shared memory (Docker: docker run --shm-size=2g ...; Kubernetes: an emptyDir "
+    "volume with medium: Memory mounted at /dev/shm), make batches smaller (batch_size), or use mode='thread'"
+)
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,10 @@ class Shortage:
     total: int
 
     def text(self, what: str) -> str:
-        return (f"{PLACE} has {human_bytes(self.free)} free (of {human_bytes(self.total)}) but {what} needs "
-                f"{exact_bytes(self.needed)}")
+        return (
+            f"{PLACE} has {human_bytes(self.free)} free (of {human_bytes(self.total)}) but {what} needs "
+            f"{exact_bytes(self.needed)}"
+        )
 
 
 class NoRoom(OSError):
@@ -124,8 +129,10 @@ def layout_of(specs: dict) -> tuple[list, int]:
 
 
 def _views(segment: shared_memory.SharedMemory, layout: list) -> dict[str, np.ndarray]:
-    return {key: np.ndarray(shape, np.dtype(dtype), buffer=segment.buf, offset=offset)
-            for key, dtype, shape, offset in layout}
+    return {
+        key: np.ndarray(shape, np.dtype(dtype), buffer=segment.buf, offset=offset)
+        for key, dtype, shape, offset in layout
+    }
 
 
 class SlotAllocator:
@@ -133,7 +140,7 @@ class SlotAllocator:
     shared memory has no room for the slot, in the worker's own memory (the batch then travels
     in the result through the pipe, and ``shortage`` says why). ``ship`` makes the message."""
 
-    def __init__(self, slots: "WorkerSlots", name: str):
+    def __init__(self, slots: WorkerSlots, name: str):
         self._slots, self.name = slots, name
         self.layout: list | None = None
         self.shortage: Shortage | None = None

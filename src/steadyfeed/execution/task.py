@@ -8,12 +8,14 @@ received (:meth:`BatchResult.received`) rather than filling one in. Only small m
 travels through pipes; batch arrays travel through shared memory in process mode (see
 ``shm.py``) and by reference in thread mode.
 """
+
 from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -105,7 +107,7 @@ class BatchResult:
     timings: Mapping[str, float]
     disagreement: Disagreement | None = None  # set: the batch cannot be collated (arrays is None)
 
-    def received(self, arrays: dict[str, np.ndarray] | None, transport_seconds: float) -> "BatchResult":
+    def received(self, arrays: dict[str, np.ndarray] | None, transport_seconds: float) -> BatchResult:
         """This result with the arrays a transport delivered and the time that took."""
         return replace(self, arrays=arrays, timings={**self.timings, "transport": transport_seconds})
 

@@ -7,6 +7,7 @@ A thread stuck inside a hung sample cannot be killed in Python: it is abandoned 
 thread, told to exit as soon as the call returns), so it blocks neither the next epoch
 nor interpreter exit.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -162,8 +163,9 @@ def _check_not_bootstrapping() -> None:
 
 
 class ProcessWorker:
-    def __init__(self, wid: int, ctx: WorkContext, mpctx, token: str, slots: int, sender,
-                 consumer_slots: shm.ConsumerSlots):
+    def __init__(
+        self, wid: int, ctx: WorkContext, mpctx, token: str, slots: int, sender, consumer_slots: shm.ConsumerSlots
+    ):
         self.wid = wid
         self.outstanding: OrderedDict[int, BatchTask] = OrderedDict()
         self.slot_names = [shm.slot_name(token, wid, k) for k in range(slots)]
@@ -179,8 +181,10 @@ class ProcessWorker:
             self.status = StatusSlot(shm.status_cells(self._status_segment))
             self.conn, child = mpctx.Pipe(duplex=True)
             self.process = mpctx.Process(
-                target=_process_main, args=(child, self._status_segment.name, ctx),
-                name=f"steadyfeed-process-{wid}", daemon=True,
+                target=_process_main,
+                args=(child, self._status_segment.name, ctx),
+                name=f"steadyfeed-process-{wid}",
+                daemon=True,
             )
             try:
                 self.process.start()

@@ -7,6 +7,7 @@ cursor sits at the start of an epoch (Keras calls callbacks' ``on_epoch_begin`` 
 dataset's), so loader epoch == Keras epoch, also after ``initial_epoch`` or a restore by
 ``BackupAndRestore``. With a step count the loader's epochs simply follow one another.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,10 @@ class _LoaderCallback(keras.callbacks.Callback):
     def _dataset(self) -> KerasDataset:
         dataset = view_of(self.loader)
         if dataset is None:
-            raise ValueError(f"{type(self).__name__} counts the batches Keras trained through the loader's "
-                             "KerasDataset: train on loader.as_keras()")
+            raise ValueError(
+                f"{type(self).__name__} counts the batches Keras trained through the loader's "
+                "KerasDataset: train on loader.as_keras()"
+            )
         return dataset
 
 
@@ -96,8 +99,12 @@ class _SaveSchedule:
     (``_should_save_on_batch`` in keras 3.15.1, ``steps_per_execution`` included)."""
 
     def __init__(self, save_freq: Any) -> None:
-        if save_freq != "epoch" and not (isinstance(save_freq, int) and not isinstance(save_freq, bool) and save_freq >= 1):
-            raise ValueError(f"save_freq must be 'epoch' or an int >= 1, as given to BackupAndRestore; got {save_freq!r}")
+        if save_freq != "epoch" and not (
+            isinstance(save_freq, int) and not isinstance(save_freq, bool) and save_freq >= 1
+        ):
+            raise ValueError(
+                f"save_freq must be 'epoch' or an int >= 1, as given to BackupAndRestore; got {save_freq!r}"
+            )
         self.save_freq = save_freq
         self._since_save = 0
         self._last_batch = 0
@@ -137,8 +144,13 @@ class LoaderCheckpoint(_LoaderCallback):
     BackupAndRestore, the file is deleted when ``fit`` completes (``delete_checkpoint``).
     """
 
-    def __init__(self, data: Any, directory: str | os.PathLike[str], save_freq: int | str = "epoch",
-                 delete_checkpoint: bool = True) -> None:
+    def __init__(
+        self,
+        data: Any,
+        directory: str | os.PathLike[str],
+        save_freq: int | str = "epoch",
+        delete_checkpoint: bool = True,
+    ) -> None:
         super().__init__(data)
         self.schedule = _SaveSchedule(save_freq)
         self.path = os.path.join(os.fspath(directory), STATE_FILE)
@@ -160,14 +172,17 @@ class LoaderCheckpoint(_LoaderCallback):
         self._trained_steps = 0
         self._next = cursor = self.loader.cursor
         if cursor[1] and cursor[0] != epoch and self.params.get("steps") in (None, len(self.loader)):
-            warnings.warn(f"Keras begins epoch {epoch} but the loader resumes epoch {cursor[0]} at batch "
-                          f"{cursor[1]}: the weights and the loader position describe different steps. Was "
-                          "BackupAndRestore given the same save_freq? (keras 3.15.1's BackupAndRestore also records "
-                          "epoch 0 for a save made inside the first epoch of a resumed fit.)", stacklevel=2)
+            warnings.warn(
+                f"Keras begins epoch {epoch} but the loader resumes epoch {cursor[0]} at batch "
+                f"{cursor[1]}: the weights and the loader position describe different steps. Was "
+                "BackupAndRestore given the same save_freq? (keras 3.15.1's BackupAndRestore also records "
+                "epoch 0 for a save made inside the first epoch of a resumed fit.)",
+                stacklevel=2,
+            )
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        for self._next in self._dataset().trained(batch + 1 - self._trained_steps):  # steps_per_execution
-            pass
+        for trained in self._dataset().trained(batch + 1 - self._trained_steps):  # steps_per_execution
+            self._next = trained  # the position after the last batch trained
         self._trained_steps = batch + 1
         if self.schedule.batch_due(batch):
             self._save()

@@ -4,9 +4,11 @@ Keras's own error for a mismatched input surfaces deep inside a layer ("expected
 of input shape to have value 4") without naming the batch key. These checks name the
 batch key, the model input and both shapes.
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -56,8 +58,10 @@ def _pair(layout: BatchLayout, inputs: list) -> list[tuple[str, Any]]:
         return [(key, by_name[name]) for key, name in pairs]
     if len(pairs) != len(inputs):
         names = [t.name for t in inputs]
-        raise InputMismatch(f"x gives {len(pairs)} array(s) {[k for k, _ in pairs]} but the model has "
-                            f"{len(inputs)} input(s) {names}; pass x as a tuple or a dict {{input name: batch key}}")
+        raise InputMismatch(
+            f"x gives {len(pairs)} array(s) {[k for k, _ in pairs]} but the model has "
+            f"{len(inputs)} input(s) {names}; pass x as a tuple or a dict {{input name: batch key}}"
+        )
     return [(key, inputs[int(i)]) for key, i in pairs]  # positions: x is a key or a tuple here
 
 
@@ -66,12 +70,15 @@ def _check_one(key: str, array: np.ndarray, tensor: Any) -> None:
     got = tuple(array.shape)
     fits = len(got) == len(expected) and all(e is None or e == g for e, g in zip(expected, got))
     if not fits:
-        raise InputMismatch(f"batch key {key!r} has shape {got} (per sample {got[1:]}) but model input "
-                            f"{tensor.name!r} expects {expected} (per sample {expected[1:]})")
+        raise InputMismatch(
+            f"batch key {key!r} has shape {got} (per sample {got[1:]}) but model input "
+            f"{tensor.name!r} expects {expected} (per sample {expected[1:]})"
+        )
     try:
         want = np.dtype(tensor.dtype).kind
     except TypeError:  # e.g. a string input: nothing numeric to compare
         return
     if array.dtype.kind not in _ACCEPTS.get(want, array.dtype.kind):
-        raise InputMismatch(f"batch key {key!r} has dtype {array.dtype} but model input {tensor.name!r} "
-                            f"expects {tensor.dtype}")
+        raise InputMismatch(
+            f"batch key {key!r} has dtype {array.dtype} but model input {tensor.name!r} expects {tensor.dtype}"
+        )

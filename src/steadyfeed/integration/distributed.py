@@ -10,6 +10,7 @@ others never take (``"partial"`` may give shards one batch more or less). Under 
 the masked rows weigh nothing (``KerasDataset`` makes the mask the sample weight).
 The helpers import their framework only when called.
 """
+
 from __future__ import annotations
 
 import os

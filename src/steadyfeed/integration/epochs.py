@@ -1,4 +1,5 @@
 """Keeping the loader's epoch number equal to the framework's (framework-free)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -36,12 +36,14 @@ Not seen through Keras's public calls, and so not handled: a build probe on a pa
 batch (it is taken as a real epoch: that loader epoch is then used up by the probe), and a
 ``tf.data`` thread of an old, abandoned iterator still prefetching while a new call runs.
 """
+
 from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator
+from typing import Any
 
 from ..errors import DataError
 
@@ -111,8 +113,11 @@ class KerasFeed:
                     epoch.pass_started = True
                 assert self._pass is not None  # started by this epoch
                 return self._pass.length
-            if threading.get_ident() == epoch.opener and self._pass is not None and (
-                    epoch.pulled_elsewhere or not self._pass.complete):
+            if (
+                threading.get_ident() == epoch.opener
+                and self._pass is not None
+                and (epoch.pulled_elsewhere or not self._pass.complete)
+            ):
                 epoch.reset = True  # only reset() reads here then (or a new call, inside an abandoned epoch)
             return self.full_length()
 
@@ -266,8 +271,12 @@ class KerasFeed:
         current = self._pass
         assert current is not None  # raised while taking a batch of the open pass
         if not skipped:
-            return RuntimeError(f"steadyfeed bug: epoch {epoch} of the loader ended after {current.taken} of "
-                                f"the {current.length} batches of its pass")
-        return DataError(f"epoch {epoch} of the loader ended after {current.taken} of the {current.length} batches "
-                         f"Keras was told: on_error='skip' left out whole batches ({skipped} samples of this epoch "
-                         "failed; see loader.quarantine_report())")
+            return RuntimeError(
+                f"steadyfeed bug: epoch {epoch} of the loader ended after {current.taken} of "
+                f"the {current.length} batches of its pass"
+            )
+        return DataError(
+            f"epoch {epoch} of the loader ended after {current.taken} of the {current.length} batches "
+            f"Keras was told: on_error='skip' left out whole batches ({skipped} samples of this epoch "
+            "failed; see loader.quarantine_report())"
+        )

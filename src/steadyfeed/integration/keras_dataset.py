@@ -38,14 +38,15 @@ freshly allocated batch memory: Keras's own conversion of a numpy batch copies i
 ``loader.state_dict()`` counts batches *handed to Keras*; on TF, ``tf.data`` prefetch pulls
 ahead of training. ``LoaderCheckpoint`` counts batches *trained*.
 """
+
 from __future__ import annotations
 
 import copy
-import threading
 import warnings
 import weakref
 from collections import deque
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import keras
 import numpy as np
@@ -60,15 +61,16 @@ PADDING_MODES = ("strip", "weight")
 _VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loader -> weakref to its KerasDataset
 
 
-def view_of(loader: Any) -> "KerasDataset | None":
+def view_of(loader: Any) -> KerasDataset | None:
     """The live KerasDataset of ``loader``, if it has one."""
     ref = _VIEWS.get(loader)
     return None if ref is None else ref()
 
 
 # the dtypes that torch.from_numpy takes and Keras's torch backend converts unchanged
-_TORCH_AS_IS = frozenset(np.dtype(t) for t in (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64,
-                                                 np.float16, np.float32, np.float64))
+_TORCH_AS_IS = frozenset(
+    np.dtype(t) for t in (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64)
+)
 
 
 def _backend_arrays() -> Callable[[Any], Any]:
@@ -113,10 +115,19 @@ class KerasDataset(keras.utils.PyDataset):
     ``validation_data=val_loader.as_keras()`` with a second, unshuffled loader.
     """
 
-    def __init__(self, loader: Any, x: Any = "x", y: Any = "y", sample_weight: str | None = None, *,
-                 steps_per_epoch: int | None = None, padding: str | None = None) -> None:
-        super().__init__(workers=1
-, use_multiprocessing=False)  # no Keras enqueuer: the loader's workers are the workers
+    def __init__(
+        self,
+        loader: Any,
+        x: Any = "x",
+        y: Any = "y",
+        sample_weight: str | None = None,
+        *,
+        steps_per_epoch: int | None = None,
+        padding: str | None = None,
+    ) -> None:
+        super().__init__(
+            workers=1, use_multiprocessing=False
+        )  # no Keras enqueuer: the loader's workers are the workers
         if steps_per_epoch is not None and not (isinstance(steps_per_epoch, int) and steps_per_epoch >= 1):
             raise ValueError(f"steps_per_epoch must be an int >= 1 or None, got {steps_per_epoch!r}")
         shards = loader.config.sharding.shard_count
@@ -124,8 +135,10 @@ class KerasDataset(keras.utils.PyDataset):
         if padding not in PADDING_MODES:
             raise ValueError(f"padding must be one of {PADDING_MODES}, got {padding!r}")
         if len(loader) == 0:
-            raise ValueError(f"{loader!r} has no batches to give Keras (an empty source or shard, or "
-                             "last_batch='drop' with fewer samples than batch_size)")
+            raise ValueError(
+                f"{loader!r} has no batches to give Keras (an empty source or shard, or "
+                "last_batch='drop' with fewer samples than batch_size)"
+            )
         self._claim(loader)
         self.loader = loader
         self.layout = BatchLayout(x, y, sample_weight)
@@ -144,7 +157,8 @@ class KerasDataset(keras.utils.PyDataset):
                 f"{loader!r} already has a KerasDataset ({other!r}): one loader feeds one dataset, for fit, evaluate "
                 "and predict alike. Two views (say, as training and validation data) would take turns with the "
                 "loader's epochs. Validate on a loader of its own, e.g. steadyfeed.Loader(val_source, batch_size) "
-                "(unshuffled, no augmentation); or close() the other view first.")
+                "(unshuffled, no augmentation); or close() the other view first."
+            )
         _VIEWS[loader] = weakref.ref(self)
 
     # -- what Keras asks -----------------------------------------------------------------
@@ -190,7 +204,7 @@ class KerasDataset(keras.utils.PyDataset):
         self.on_epoch_end()  # a loop left early leaves the epoch open: the next one starts it again
 
     # -- for users ------------------------------------------------------------------------
-    def check(self, model: Any) -> "KerasDataset":
+    def check(self, model: Any) -> KerasDataset:
         """Raise an error naming the batch key, the model input and both shapes (or the
         missing key) when this dataset's batches cannot feed ``model``; returns the dataset,
         so ``model.fit(loader.as_keras().check(model))`` checks before Keras builds anything.
@@ -236,8 +250,10 @@ class KerasDataset(keras.utils.PyDataset):
             return error
         first, newline, rest = str(error).partition("\n")
         told = copy.copy(error)
-        told.args = (f"{first} [the original {type(error).__name__}, with its sample_id, location, epoch and "
-                     f"attempts, is this KerasDataset's last_error]{newline}{rest}",)
+        told.args = (
+            f"{first} [the original {type(error).__name__}, with its sample_id, location, epoch and "
+            f"attempts, is this KerasDataset's last_error]{newline}{rest}",
+        )
         return told
 
     def _end_quiet(self) -> None:

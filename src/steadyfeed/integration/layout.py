@@ -9,16 +9,18 @@ positional model inputs or outputs), or a dict ``{model input name: batch key}``
 the sample weight (multiplied into ``sample_weight`` when that names a key too), so padded
 rows weigh nothing in the loss and the metrics.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Union
+from typing import Any
 
 import numpy as np
 
 from ..errors import DataError
 
-KeySpec = Union[str, tuple, dict, None]
+KeySpec = str | tuple | dict | None
 
 
 def _normalize(spec: Any, role: str) -> KeySpec:
@@ -28,7 +30,9 @@ def _normalize(spec: Any, role: str) -> KeySpec:
         return tuple(spec)
     if isinstance(spec, Mapping) and spec and all(isinstance(k, str) and isinstance(v, str) for k, v in spec.items()):
         return dict(spec)
-    raise TypeError(f"{role} must name a batch key, a tuple of keys or a dict {{model input name: batch key}}, got {spec!r}")
+    raise TypeError(
+        f"{role} must name a batch key, a tuple of keys or a dict {{model input name: batch key}}, got {spec!r}"
+    )
 
 
 def _keys_of(spec: KeySpec) -> list[str]:

@@ -36,6 +36,7 @@ Wrapping ``train_step`` to take the outputs of the training forward pass itself 
 nothing extra, but needs a different, backend-specific override of Keras's step on each
 backend; the extra forward pass works with any model and any backend through public calls.
 """
+
 from __future__ import annotations
 
 import time
@@ -65,16 +66,26 @@ class LabelNoiseMonitor(_LoaderCallback):
     Holds up to ``every`` batches (references to the arrays Keras was given) until then.
     """
 
-    def __init__(self, data: Any, *, label: str | None = None, output: int | str | None = None,
-                 kind: str = "auto", recorder: LabelNoiseRecorder | None = None, every: int = DEFAULT_EVERY) -> None:
+    def __init__(
+        self,
+        data: Any,
+        *,
+        label: str | None = None,
+        output: int | str | None = None,
+        kind: str = "auto",
+        recorder: LabelNoiseRecorder | None = None,
+        every: int = DEFAULT_EVERY,
+    ) -> None:
         super().__init__(data)
         if not (isinstance(every, int) and every >= 1):
             raise ValueError(f"every must be an int >= 1, got {every!r}")
         self.every = every
         self._pending: list[dict] = []
         if not self.loader.config.read.with_ids:
-            raise ValueError("LabelNoiseMonitor follows samples by their ids: build the training Loader with "
-                             "with_ids=True (the ids are not given to the model)")
+            raise ValueError(
+                "LabelNoiseMonitor follows samples by their ids: build the training Loader with "
+                "with_ids=True (the ids are not given to the model)"
+            )
         self.label = label
         self.output = output
         self.recorder = recorder if recorder is not None else LabelNoiseRecorder(kind)
@@ -87,8 +98,10 @@ class LabelNoiseMonitor(_LoaderCallback):
         self._layout = dataset.layout
         self._label = self.label or self._layout.y
         if not isinstance(self._label, str):
-            raise ValueError(f"the dataset's y is {self._layout.y!r}: name the batch key of the labels, "
-                             "LabelNoiseMonitor(loader, label='...')")
+            raise ValueError(
+                f"the dataset's y is {self._layout.y!r}: name the batch key of the labels, "
+                "LabelNoiseMonitor(loader, label='...')"
+            )
         self._queue = dataset.follow()
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
@@ -128,7 +141,7 @@ class LabelNoiseMonitor(_LoaderCallback):
         for _ in range(min(count, len(queue))):
             self._pending.append(_real_rows(queue.popleft()[1]))
 
-    def findings(self, options: NoiseOptions = NoiseOptions()) -> dict:
+    def findings(self, options: NoiseOptions = NoiseOptions()) -> dict:  # noqa: B008 - a frozen dataclass
         """The ``label_noise`` findings of what was recorded (``LabelNoiseRecorder.findings``)."""
         return self.recorder.findings(options)
 
@@ -168,6 +181,9 @@ def _joined(batches: list[dict]) -> list[dict]:
     if len(batches) < 2:
         return batches
     first = batches[0]
-    same = all(b.keys() == first.keys() and all(b[k].shape[1:] == first[k].shape[1:] and b[k].dtype == first[k].dtype
-                                                 for k in first) for b in batches)
+    same = all(
+        b.keys() == first.keys()
+        and all(b[k].shape[1:] == first[k].shape[1:] and b[k].dtype == first[k].dtype for k in first)
+        for b in batches
+    )
     return [{k: np.concatenate([b[k] for b in batches]) for k in first}] if same else batches

@@ -1,4 +1,5 @@
 """What a loader's batches look like, learned without side effects (framework-free)."""
+
 from __future__ import annotations
 
 from typing import Any

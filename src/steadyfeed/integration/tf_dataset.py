@@ -16,6 +16,7 @@ With ``x``/``y`` given, elements are ``(x, y)`` / ``(x, y, weights)`` exactly as
 ``KerasDataset`` gives them; else the batch dict itself. Its cardinality is unknown to
 tf.data (a resumed epoch is shorter), so Keras learns the epoch length after one epoch.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -8,9 +8,11 @@ Use it directly (``for batch in ds``) or as ``DataLoader(ds, batch_size=None,
 num_workers=0)``. Never give torch workers on top: steadyfeed's workers are the workers,
 and each torch worker would replay the whole epoch; iterating inside a torch worker raises.
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -25,8 +27,10 @@ class TorchBatches(IterableDataset):
 
     def __iter__(self) -> Iterator[dict]:
         if get_worker_info() is not None:
-            raise RuntimeError("steadyfeed's workers are the workers: use DataLoader(ds, batch_size=None, "
-                               "num_workers=0), or iterate the dataset directly")
+            raise RuntimeError(
+                "steadyfeed's workers are the workers: use DataLoader(ds, batch_size=None, "
+                "num_workers=0), or iterate the dataset directly"
+            )
         for batch in self.loader:
             yield {key: torch.from_numpy(array) for key, array in batch.items()}
 

@@ -1,4 +1,5 @@
 """Sampling: per-epoch order (sequential, shuffled, weighted), sharding, elastic resume, per-sample seeds."""
+
 from .elastic import Remainder, merge_states
 from .permutation import Permutation
 from .plan import BatchSpec, EpochPlan, build_plan

@@ -19,6 +19,7 @@ round-robin under their own ``last_batch`` policy like any epoch. Guarantees:
 :func:`merge_states` turns the N states into one that any shard of a loader with any
 shard count accepts (``Loader.load_state_dict``).
 """
+
 from __future__ import annotations
 
 import copy
@@ -114,13 +115,17 @@ def merge_states(states: list[dict]) -> dict:
         _fail("a state is itself a merge; merge the states its loaders saved")
     count = shards[0]["count"]
     if any(s["count"] != count for s in shards) or sorted(s["index"] for s in shards) != list(range(count)):
-        _fail(f"need exactly one state per shard 0..{count - 1}, got shards "
-              f"{sorted((s['index'], s['count']) for s in shards)}")
+        _fail(
+            f"need exactly one state per shard 0..{count - 1}, got shards "
+            f"{sorted((s['index'], s['count']) for s in shards)}"
+        )
     epoch = min(s["epoch"] for s in states)
     for s in states:
         if not (s["epoch"] == epoch or (s["epoch"] == epoch + 1 and s["next_batch"] == 0)):
-            _fail(f"shard {s['shard']['index']} is at epoch {s['epoch']} batch {s['next_batch']}, "
-                  f"another at epoch {epoch}: more than one epoch apart")
+            _fail(
+                f"shard {s['shard']['index']} is at epoch {s['epoch']} batch {s['next_batch']}, "
+                f"another at epoch {epoch}: more than one epoch apart"
+            )
     current = [s for s in states if s["epoch"] == epoch]
     levels = _levels(current[0], epoch)
     if any(_levels(s, epoch) != levels for s in current):
@@ -150,7 +155,13 @@ def _levels(state: dict, epoch: int) -> list:
 def _merged(first: dict, epoch: int, levels: list, order_length: int) -> dict:
     from ..loader import STATE_FORMAT
 
-    return {"format": STATE_FORMAT, "epoch": epoch, "next_batch": 0, "fingerprint": first["fingerprint"],
-            "shard": None, "order_length": order_length,
-            "remainder": {"epoch": epoch, "levels": levels} if levels else None,
-            "excluded": first.get("excluded")}
+    return {
+        "format": STATE_FORMAT,
+        "epoch": epoch,
+        "next_batch": 0,
+        "fingerprint": first["fingerprint"],
+        "shard": None,
+        "order_length": order_length,
+        "remainder": {"epoch": epoch, "levels": levels} if levels else None,
+        "excluded": first.get("excluded"),
+    }

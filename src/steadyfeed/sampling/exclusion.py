@@ -19,6 +19,7 @@ remaining sample exactly once and no excluded one. Guarantees:
 * ``source_positions`` maps the result's positions back to ``order``'s, so an id's random
   stream (its draw) does not change when other ids are excluded.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,13 +38,13 @@ class Exclusions:
     reasons: tuple[str, ...]  # one per id
 
     @classmethod
-    def none(cls) -> "Exclusions":
+    def none(cls) -> Exclusions:
         return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), ())
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def add(self, ids, reason: str, from_epoch: int) -> "Exclusions":
+    def add(self, ids, reason: str, from_epoch: int) -> Exclusions:
         """This record with ``ids`` excluded from ``from_epoch`` on; an id already excluded
         keeps its earlier record (first epoch and reason)."""
         new = np.setdiff1d(np.unique(np.asarray(ids, dtype=np.int64).reshape(-1)), self.ids)
@@ -55,7 +56,7 @@ class Exclusions:
         order = np.argsort(ids, kind="stable")
         return Exclusions(ids[order], epochs[order], tuple(reasons[i] for i in order))
 
-    def merged(self, other: "Exclusions") -> "Exclusions":
+    def merged(self, other: Exclusions) -> Exclusions:
         """Both records; an id in both keeps this one's entry."""
         ids = np.concatenate([self.ids, other.ids])
         epochs = np.concatenate([self.from_epoch, other.from_epoch])
@@ -71,8 +72,9 @@ class Exclusions:
         """The findings' ``"excluded"`` section (``{"id", "reason", "from_epoch"}``), for one
         epoch or all."""
         keep = range(len(self.ids)) if epoch is None else np.flatnonzero(self.from_epoch <= int(epoch))
-        return [{"id": int(self.ids[i]), "reason": self.reasons[i], "from_epoch": int(self.from_epoch[i])}
-                for i in keep]
+        return [
+            {"id": int(self.ids[i]), "reason": self.reasons[i], "from_epoch": int(self.from_epoch[i])} for i in keep
+        ]
 
     def as_state(self) -> dict | None:
         """JSON-able columns (None when nothing is excluded)."""
@@ -81,19 +83,26 @@ class Exclusions:
         return {"ids": self.ids.tolist(), "from_epoch": self.from_epoch.tolist(), "reasons": list(self.reasons)}
 
     @classmethod
-    def from_state(cls, state: dict | None) -> "Exclusions":
+    def from_state(cls, state: dict | None) -> Exclusions:
         if not state:
             return cls.none()
-        ids, epochs, reasons = (np.asarray(state["ids"], np.int64), np.asarray(state["from_epoch"], np.int64),
-                                tuple(str(r) for r in state["reasons"]))
+        ids, epochs, reasons = (
+            np.asarray(state["ids"], np.int64),
+            np.asarray(state["from_epoch"], np.int64),
+            tuple(str(r) for r in state["reasons"]),
+        )
         if not (len(ids) == len(epochs) == len(reasons)) or len(np.unique(ids)) != len(ids):
             raise ValueError("a loader state's excluded ids are malformed (columns of unequal length or repeats)")
         order = np.argsort(ids, kind="stable")
         return cls(ids[order], epochs[order], tuple(reasons[i] for i in order))
 
     def __eq__(self, other) -> bool:
-        return (isinstance(other, Exclusions) and np.array_equal(self.ids, other.ids)
-                and np.array_equal(self.from_epoch, other.from_epoch) and self.reasons == other.reasons)
+        return (
+            isinstance(other, Exclusions)
+            and np.array_equal(self.ids, other.ids)
+            and np.array_equal(self.from_epoch, other.from_epoch)
+            and self.reasons == other.reasons
+        )
 
     __hash__ = None  # type: ignore[assignment]  # mutable: equal by value, so not hashable
 

@@ -25,19 +25,20 @@ lands inside (cycle walking), which a grid this tight makes rare (a share under
 Pure numpy arithmetic on uint64 (wrapping multiplication), so the same key gives the same
 permutation on every machine and numpy version.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 ROUNDS = 10  # as FF1; grids of up to SMALL cells get SMALL_ROUNDS, where a round mixes fewer values
-SMALL, SMALL_ROUNDS = 2 ** 20, 16
+SMALL, SMALL_ROUNDS = 2**20, 16
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
-MAX_ITEMS = 2 ** 62  # int64 positions and ids; the grid's cells (< n + sqrt(n) + 2) fit in uint64
+MAX_ITEMS = 2**62  # int64 positions and ids; the grid's cells (< n + sqrt(n) + 2) fit in uint64
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

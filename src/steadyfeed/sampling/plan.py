@@ -15,6 +15,7 @@ batches. With ``"partial"`` replicas may differ by one sample (and so one batch)
 An epoch resumed on another number of shards (``elastic.py``) is planned the same way
 over what was left of it: ``remainder`` maps the plan's positions back to the order's.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,8 +60,7 @@ class EpochPlan:
     any exclusion, ``exclusion.py``, so excluding one id changes no other id's stream).
     """
 
-    def __init__(self, order, *, batch_size: int, shard_index: int, shard_count: int, last_batch: str,
-                 remainder=None):
+    def __init__(self, order, *, batch_size: int, shard_index: int, shard_count: int, last_batch: str, remainder=None):
         self.order, self.remainder = order, remainder
         self.batch_size, self.shard_index, self.shard_count = int(batch_size), int(shard_index), int(shard_count)
         self.last_batch = last_batch
@@ -102,8 +102,13 @@ class EpochPlan:
         else:  # a batch made only of shard padding: borrow one id for its shape
             positions = self.order_positions(np.zeros(1, np.int64))
             ids = self.order.take(positions)
-        return BatchSpec(index=index, ids=ids, draws=self._draws_at(positions) if self._draws else None,
-                         pad_to=self.batch_size if self.last_batch == "pad" else None, num_real=num_real)
+        return BatchSpec(
+            index=index,
+            ids=ids,
+            draws=self._draws_at(positions) if self._draws else None,
+            pad_to=self.batch_size if self.last_batch == "pad" else None,
+            num_real=num_real,
+        )
 
     def _draws_at(self, positions: np.ndarray) -> np.ndarray:
         """The draw numbers of these order positions: the positions in the order before exclusion."""
@@ -122,14 +127,16 @@ class EpochPlan:
             positions = self.order_positions(self.shard_index + self.shard_count * local)
             block = self._block = (start, stop, self.order.take(positions), positions)
         start = block[0]
-        return block[2][lo - start:hi - start].copy(), block[3][lo - start:hi - start].copy()
+        return block[2][lo - start : hi - start].copy(), block[3][lo - start : hi - start].copy()
 
     def __iter__(self):
         return (self[i] for i in range(self.num_batches))
 
     def __repr__(self) -> str:
-        return (f"EpochPlan({self.num_batches} batches of {self.batch_size}, shard {self.shard_index} of "
-                f"{self.shard_count}, last_batch={self.last_batch!r}, {self.length} positions)")
+        return (
+            f"EpochPlan({self.num_batches} batches of {self.batch_size}, shard {self.shard_index} of "
+            f"{self.shard_count}, last_batch={self.last_batch!r}, {self.length} positions)"
+        )
 
 
 def build_plan(
@@ -142,5 +149,10 @@ def build_plan(
     with_draws: bool,
 ) -> EpochPlan:
     """The plan of an order given as an array (``with_draws``: its ids may repeat)."""
-    return EpochPlan(ArrayOrder(order, may_repeat=with_draws), batch_size=batch_size, shard_index=shard_index,
-                     shard_count=shard_count, last_batch=last_batch)
+    return EpochPlan(
+        ArrayOrder(order, may_repeat=with_draws),
+        batch_size=batch_size,
+        shard_index=shard_index,
+        shard_count=shard_count,
+        last_batch=last_batch,
+    )

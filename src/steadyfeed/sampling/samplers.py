@@ -16,9 +16,11 @@ cumulative sums (O(N), as the weights themselves) and, without replacement, the 
 ``ORDER_FORMAT`` names how orders are drawn; it is part of every saved loader state, so a
 state saved by a version that drew other orders is refused rather than resumed wrongly.
 """
+
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -170,7 +172,7 @@ class WeightedOrder:
     def take(self, positions) -> np.ndarray:
         positions = _positions(positions)
         bits = _mix(_mix(positions.astype(np.uint64) ^ self.key[0]) ^ self.key[1])
-        u = (bits >> np.uint64(11)).astype(np.float64) * 2.0 ** -53  # 53 random bits: [0, 1)
+        u = (bits >> np.uint64(11)).astype(np.float64) * 2.0**-53  # 53 random bits: [0, 1)
         return np.searchsorted(self.cdf, u, side="right").astype(np.int64)
 
 
@@ -183,8 +185,9 @@ class WeightedSampler(_LazySampler):
     Keeps O(N) floats (the weights' cumulative sums); each draw is computed on its own.
     """
 
-    def __init__(self, weights: Sequence[float] | np.ndarray, num_samples: int | None = None,
-                 replacement: bool = True) -> None:
+    def __init__(
+        self, weights: Sequence[float] | np.ndarray, num_samples: int | None = None, replacement: bool = True
+    ) -> None:
         w = np.asarray(weights, dtype=np.float64)
         if w.ndim != 1 or len(w) == 0:
             raise ValueError("weights must be a non-empty 1-D sequence")
@@ -195,15 +198,13 @@ class WeightedSampler(_LazySampler):
         self.replacement = bool(replacement)
         self.may_repeat = self.replacement
         if not replacement and self.num_samples > int(np.count_nonzero(w)):
-            raise ValueError(
-                f"cannot draw {self.num_samples} distinct ids: only {np.count_nonzero(w)} have weight > 0"
-            )
+            raise ValueError(f"cannot draw {self.num_samples} distinct ids: only {np.count_nonzero(w)} have weight > 0")
         cdf = np.cumsum(self.probabilities)
-        cdf[np.flatnonzero(w)[-1]:] = 1.0  # exactly 1 from the last id that can be drawn: none after it is
+        cdf[np.flatnonzero(w)[-1] :] = 1.0  # exactly 1 from the last id that can be drawn: none after it is
         self._cdf = cdf
 
     @classmethod
-    def balanced(cls, labels: Sequence | np.ndarray, num_samples: int | None = None) -> "WeightedSampler":
+    def balanced(cls, labels: Sequence | np.ndarray, num_samples: int | None = None) -> WeightedSampler:
         """Every class is drawn equally often in expectation (weight 1 / class count)."""
         labels = np.asarray(labels)
         _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)

@@ -11,6 +11,7 @@ Setting a counter costs about a microsecond, so every sample can afford its own 
 replacement), so each repetition gets its own augmentation: it is the appearance's position
 in the epoch's order (0 for samplers that never repeat an id).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -58,7 +59,10 @@ class SampleStreams:
         self._bits.state = {
             "bit_generator": "Philox",
             "state": {"counter": _counter(epoch, sample_id, draw), "key": self._key},
-            "buffer": self._spent_buffer, "buffer_pos": 4, "has_uint32": 0, "uinteger": 0,
+            "buffer": self._spent_buffer,
+            "buffer_pos": 4,
+            "has_uint32": 0,
+            "uinteger": 0,
         }
         return self._generator
 

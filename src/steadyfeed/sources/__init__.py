@@ -3,6 +3,7 @@
 Sources that need an optional package (Pillow, h5py, protobuf) are imported on first
 use, so ``import steadyfeed`` needs numpy alone.
 """
+
 import importlib
 
 from .array import ArraySource
@@ -22,7 +23,19 @@ OPTIONAL = {
     "WebDatasetSource": ".webdataset",
 }
 
-__all__ = ["ArraySource", "CsvSource", "DiskCache", "MemoryCache", "Mixture", "NpyArray", "NpyPairs", "Source", "TFRecordSource", "read_npy", *OPTIONAL]
+__all__ = [
+    "ArraySource",
+    "CsvSource",
+    "DiskCache",
+    "MemoryCache",
+    "Mixture",
+    "NpyArray",
+    "NpyPairs",
+    "Source",
+    "TFRecordSource",
+    "read_npy",
+    *OPTIONAL,
+]
 
 
 def __getattr__(name: str):

@@ -1,8 +1,10 @@
 """ArraySource: in-memory or memory-mapped arrays of equal length."""
+
 from __future__ import annotations
 
 import mmap
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -17,6 +17,7 @@ the sample id is ``i``. Optional extras the engine uses when present:
 Sources never hold open handles in their pickled state (see :class:`LazyHandles`), so
 they travel to spawned worker processes and reopen there.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,8 +27,9 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Literal, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -71,9 +73,7 @@ def native(dtype: np.dtype) -> np.dtype:
 
 def check_source(source: Any) -> None:
     if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
-        raise TypeError(
-            f"a source needs __len__ and __getitem__(i) -> dict, got {type(source).__name__}"
-        )
+        raise TypeError(f"a source needs __len__ and __getitem__(i) -> dict, got {type(source).__name__}")
 
 
 def locate(source: Any, sample_id: int) -> str | None:
@@ -186,10 +186,12 @@ def fd_limit_note() -> str:
     except OSError:
         open_now = ""
     held = sum(handles.open_count() for handles in list(_EVERY_HANDLES))
-    return (f"this process may open {soft} files at once (ulimit -n; hard limit {hard}){open_now}, {held} of them "
-            f"steadyfeed's cached file handles (at most {max_open_handles()} per source). Raise "
-            f"the limit (ulimit -n 4096 in the shell that starts training, or resource.setrlimit(resource."
-            f"RLIMIT_NOFILE, ...) before the loader starts), or hold fewer files open elsewhere")
+    return (
+        f"this process may open {soft} files at once (ulimit -n; hard limit {hard}){open_now}, {held} of them "
+        f"steadyfeed's cached file handles (at most {max_open_handles()} per source). Raise "
+        f"the limit (ulimit -n 4096 in the shell that starts training, or resource.setrlimit(resource."
+        f"RLIMIT_NOFILE, ...) before the loader starts), or hold fewer files open elsewhere"
+    )
 
 
 class _Held:
@@ -220,8 +222,9 @@ class LazyHandles:
     failing again, it raises an OSError (EMFILE) that names the file and the limit.
     """
 
-    def __init__(self, opener: Callable[[Any], Any], closer: Callable[[Any], None] | None = None,
-                 max_open: int | None = None):
+    def __init__(
+        self, opener: Callable[[Any], Any], closer: Callable[[Any], None] | None = None, max_open: int | None = None
+    ):
         self._opener, self._closer = opener, closer or _close_handle  # module-level: it must pickle
         self._max_open = max_open
         self.max_open = max_open if max_open is not None else max_open_handles()
@@ -284,7 +287,7 @@ class LazyHandles:
         """Close idle handles, least recently used first, until at most ``keep`` remain open."""
         with self._lock:
             idle = [key for key, held in self._held.items() if held.users == 0]
-            closing = [self._held.pop(key).handle for key in idle[:max(0, len(self._held) - keep)]]
+            closing = [self._held.pop(key).handle for key in idle[: max(0, len(self._held) - keep)]]
         for handle in closing:
             self._closer(handle)
 
@@ -304,7 +307,7 @@ class LazyHandles:
         LazyHandles.__init__(self, state["_opener"], state["_closer"], state.get("_max_open"))
 
 
-_EVERY_HANDLES: "weakref.WeakSet[LazyHandles]" = weakref.WeakSet()  # what an EMFILE may close
+_EVERY_HANDLES: weakref.WeakSet[LazyHandles] = weakref.WeakSet()  # what an EMFILE may close
 
 
 def _describe(key: Any) -> str:
@@ -332,5 +335,11 @@ class MappedFile:
 
     def open(self, file: Any = None) -> np.memmap:
         """The mapping, of ``file`` (an open file object of ``filename``) when given."""
-        return np.memmap(self.filename if file is None else file, dtype=np.dtype(self.dtype), mode="r",
-                         offset=self.offset, shape=self.shape, order=self.order)
+        return np.memmap(
+            self.filename if file is None else file,
+            dtype=np.dtype(self.dtype),
+            mode="r",
+            offset=self.offset,
+            shape=self.shape,
+            order=self.order,
+        )

@@ -23,6 +23,7 @@ What they do not: samples are cached in the form the source returns them, so a s
 whose ``i``-th sample changes between reads (say, a random crop inside ``__getitem__``)
 is frozen at its first read. Keep randomness in the transform.
 """
+
 from __future__ import annotations
 
 import functools
@@ -35,7 +36,8 @@ import shutil
 import threading
 import warnings
 import zlib
-from typing import Any, Mapping, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -276,9 +278,13 @@ class DiskCache(_Cache):
                 atomic_write(os.path.join(self.path, MARKER), json.dumps(identity, indent=1).encode(), fsync=False)
         except OSError as exc:  # read-only, full: serve what is there, read the rest from the source
             self.unwritable = str(exc)
-            warnings.warn(f"DiskCache cannot write to {self.path} ({exc}); samples cached there already are "
-                          "served, the others come from the source uncached (stats()['write_errors'] counts "
-                          "them)", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"DiskCache cannot write to {self.path} ({exc}); samples cached there already are "
+                "served, the others come from the source uncached (stats()['write_errors'] counts "
+                "them)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def _init_state(self) -> None:
         super()._init_state()
@@ -297,9 +303,12 @@ class DiskCache(_Cache):
         except Exception as exc:  # noqa: BLE001 - whatever is wrong with the file, the source has the truth
             with self._lock:
                 self._corrupt += 1
-            warnings.warn(f"DiskCache: {path} is not a valid cache file for sample {i} ({type(exc).__name__}: "
-                          f"{exc}); reading the sample from the source and rewriting the file",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"DiskCache: {path} is not a valid cache file for sample {i} ({type(exc).__name__}: "
+                f"{exc}); reading the sample from the source and rewriting the file",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             return None
 
     def _put(self, i: int, sample: dict[str, np.ndarray]) -> None:
@@ -314,8 +323,12 @@ class DiskCache(_Cache):
             self._write_errors += 1
             first = self._write_errors == 1 and failed is not None  # an unwritable directory was said already
         if first:  # once per process: a full disk would otherwise warn on every sample
-            warnings.warn(f"DiskCache cannot write to {self.path} ({failed}); samples are served from the "
-                          "source uncached (stats()['write_errors'] counts them)", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"DiskCache cannot write to {self.path} ({failed}); samples are served from the "
+                "source uncached (stats()['write_errors'] counts them)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def prune(self) -> list[str]:
         """Delete the cache subdirectories of ``directory`` other than this one (older
@@ -348,16 +361,22 @@ def _identity(source: Any, key: str | None) -> dict:
             "Pass key='...', a string you change whenever the data or its decoding changes (e.g. a dataset version)."
         )
     kind = type(source)
-    return {"format": DISK_FORMAT, "source": f"{kind.__module__}.{kind.__qualname__}", "fingerprint": fp,
-            "key": key, "samples": len(source)}
+    return {
+        "format": DISK_FORMAT,
+        "source": f"{kind.__module__}.{kind.__qualname__}",
+        "fingerprint": fp,
+        "key": key,
+        "samples": len(source),
+    }
 
 
 def _encode(sample: dict[str, np.ndarray], i: int) -> bytes:
     """``MAGIC``, a 4-byte header length, a JSON header (sample id, member names and sizes),
     each array in .npy format one after another, then the CRC-32 of everything before it."""
     members = [_npy_bytes(arr) for arr in sample.values()]
-    header = json.dumps({"format": DISK_FORMAT, "sample": i,
-                         "members": [[key, len(m)] for key, m in zip(sample, members)]}).encode()
+    header = json.dumps(
+        {"format": DISK_FORMAT, "sample": i, "members": [[key, len(m)] for key, m in zip(sample, members)]}
+    ).encode()
     body = b"".join([MAGIC, len(header).to_bytes(4, "little"), header, *members])
     return body + zlib.crc32(body).to_bytes(4, "little")
 
@@ -371,16 +390,16 @@ def _npy_bytes(arr: np.ndarray) -> bytes:
 def _decode(blob: bytes, i: int) -> dict[str, np.ndarray]:
     """The sample in ``blob``, or an exception saying what is wrong with it."""
     body = memoryview(blob)[:-4]
-    if body[:len(MAGIC)] != MAGIC or zlib.crc32(body) != int.from_bytes(blob[-4:], "little"):
+    if body[: len(MAGIC)] != MAGIC or zlib.crc32(body) != int.from_bytes(blob[-4:], "little"):
         raise ValueError("not a steadyfeed cache file, or its CRC-32 does not match")
     start = len(MAGIC) + 4
-    end = start + int.from_bytes(body[len(MAGIC):start], "little")
+    end = start + int.from_bytes(body[len(MAGIC) : start], "little")
     header = json.loads(bytes(body[start:end]))
     if (header.get("format"), header.get("sample")) != (DISK_FORMAT, i):
         raise ValueError(f"written as sample {header.get('sample')!r} in format {header.get('format')!r}")
     sample = {}
     for key, size in header["members"]:
-        sample[key] = _read_npy(body[end:end + size])
+        sample[key] = _read_npy(body[end : end + size])
         end += size
     return sample
 

@@ -41,6 +41,7 @@ Rows must end with LF or CRLF; the encoding must be ASCII-compatible (UTF-8, "ut
 Latin-1, cp1252). A UTF-8 byte-order mark is skipped. The csv module's per-field limit
 (``csv.field_size_limit()``, 131072 characters by default) applies.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -50,8 +51,9 @@ import hashlib
 import io
 import os
 from array import array
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -66,8 +68,29 @@ _CHUNK = 1 << 24  # bytes per numpy pass of the quote-free scan: bounds its temp
 _BOM = codecs.BOM_UTF8
 _MAX_SHOWN = 40  # characters of a bad value quoted in an error message
 # pandas.read_csv's default missing-value strings (its documented na_values defaults)
-NA_VALUES = frozenset({"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
-                       "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"})
+NA_VALUES = frozenset(
+    {
+        "",
+        "#N/A",
+        "#N/A N/A",
+        "#NA",
+        "-1.#IND",
+        "-1.#QNAN",
+        "-NaN",
+        "-nan",
+        "1.#IND",
+        "1.#QNAN",
+        "<NA>",
+        "N/A",
+        "NA",
+        "NULL",
+        "NaN",
+        "None",
+        "n/a",
+        "nan",
+        "null",
+    }
+)
 CLASS_DTYPES = ("class", "str")  # a key of text labels, read as int64 class ids
 _CLASS_ROWS_PER_READ = 4096
 
@@ -87,10 +110,12 @@ class _Dialect:
         for name in ("delimiter", "quotechar", "escapechar"):
             char = getattr(self, name)
             optional = name != "delimiter"
-            if (char is None and not optional) or (char is not None and (
-                    len(char) != 1 or not char.isascii() or char in "\r\n")):
-                raise ValueError(f"{name} must be one ASCII character other than CR/LF"
-                                 f"{' or None' if optional else ''}, got {char!r}")
+            if (char is None and not optional) or (
+                char is not None and (len(char) != 1 or not char.isascii() or char in "\r\n")
+            ):
+                raise ValueError(
+                    f"{name} must be one ASCII character other than CR/LF{' or None' if optional else ''}, got {char!r}"
+                )
         if _without_bom("a,b".encode(self.encoding)) != b"a,b":  # the newline search needs ASCII-compatible bytes
             raise ValueError(f"encoding must be ASCII-compatible (e.g. utf-8, latin-1), got {self.encoding!r}")
         if int(self.max_row_bytes) < 1:
@@ -98,25 +123,35 @@ class _Dialect:
 
     def reader(self, lines):
         quoting = csv.QUOTE_MINIMAL if self.quotechar else csv.QUOTE_NONE
-        return csv.reader(lines, delimiter=self.delimiter, quotechar=self.quotechar,
-                          escapechar=self.escapechar, quoting=quoting)
+        return csv.reader(
+            lines, delimiter=self.delimiter, quotechar=self.quotechar, escapechar=self.escapechar, quoting=quoting
+        )
 
     def quoting_bytes(self) -> list[int]:
         """Bytes that can hide a row boundary from a plain newline search (besides a lone CR)."""
         return [ord(c) for c in (self.quotechar, self.escapechar) if c]
 
     def digest(self) -> int:
-        text = repr((self.delimiter, self.quotechar, self.escapechar,
-                     codecs.lookup(self.encoding).name, self.header, self.max_row_bytes))
+        text = repr(
+            (
+                self.delimiter,
+                self.quotechar,
+                self.escapechar,
+                codecs.lookup(self.encoding).name,
+                self.header,
+                self.max_row_bytes,
+            )
+        )
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little", signed=True)
 
 
 def _without_bom(data: bytes) -> bytes:
     """``data`` less a leading UTF-8 byte-order mark (what encoding "utf-8-sig" writes first)."""
-    return data[len(_BOM):] if data.startswith(_BOM) else data
+    return data[len(_BOM) :] if data.startswith(_BOM) else data
 
 
 # -- indexing ----------------------------------------------------------------------------------
+
 
 class _Records:
     """The records of a binary file from byte ``pos`` on, by ``csv.reader`` rules, each with
@@ -134,8 +169,10 @@ class _Records:
             self.pos += len(raw)
             self.line += 1
             if self.pos - self.start > cap:
-                raise DataError(f"{self.path}:{self.start_line}: expected rows of at most max_row_bytes={cap} "
-                                f"bytes, found a longer one (an unclosed quote?)")
+                raise DataError(
+                    f"{self.path}:{self.start_line}: expected rows of at most max_row_bytes={cap} "
+                    f"bytes, found a longer one (an unclosed quote?)"
+                )
             yield raw.decode(self.dialect.encoding)
 
     def __iter__(self):
@@ -168,7 +205,7 @@ def _scan_newlines(path: str, dialect: _Dialect, start: int, line: int) -> tuple
     data = np.memmap(path, np.uint8, mode="r")
     size, newlines = len(data), []
     for lo in range(start, size, _CHUNK):
-        chunk = data[lo:lo + _CHUNK]
+        chunk = data[lo : lo + _CHUNK]
         crs = np.flatnonzero(chunk == 13) + lo
         lone_cr = crs.size and (crs[-1] + 1 == size or (data[crs + 1] != 10).any())
         if lone_cr or any((chunk == b).any() for b in dialect.quoting_bytes()):
@@ -193,7 +230,7 @@ class _Index:
     line0: int
 
     @classmethod
-    def build(cls, path: str, dialect: _Dialect, start: int, line: int) -> "_Index":
+    def build(cls, path: str, dialect: _Dialect, start: int, line: int) -> _Index:
         if start == os.path.getsize(path):  # nothing after the header (numpy cannot map an empty file)
             offsets, lines = np.array([start], np.int64), np.empty(0, np.int64)
         else:
@@ -201,8 +238,10 @@ class _Index:
         spans = np.diff(offsets)
         if spans.size and spans.max() > dialect.max_row_bytes:
             bad = int(spans.argmax())
-            raise DataError(f"{path}:{lines[bad]}: expected rows of at most max_row_bytes={dialect.max_row_bytes} "
-                            f"bytes, found one of {spans[bad]} (with any blank lines after it)")
+            raise DataError(
+                f"{path}:{lines[bad]}: expected rows of at most max_row_bytes={dialect.max_row_bytes} "
+                f"bytes, found one of {spans[bad]} (with any blank lines after it)"
+            )
         line0 = int(lines[0]) if lines.size else line
         plain = np.array_equal(lines, line0 + np.arange(lines.size))
         return cls(offsets, None if plain else lines, line0)
@@ -220,7 +259,7 @@ class _Index:
         index_cache.save(cache, stamp, np.concatenate([head, self.offsets, *lines]))
 
     @classmethod
-    def load(cls, cache: str, stamp: tuple, start: int, end: int) -> "_Index | None":
+    def load(cls, cache: str, stamp: tuple, start: int, end: int) -> _Index | None:
         """The cached index (memory-mapped) when its stamp and shape check out and its rows lie
         between the data ``start`` and the file's ``end``, else None."""
         a = index_cache.load(cache, stamp, mmap=True)
@@ -229,10 +268,10 @@ class _Index:
         rows, line0, has_lines = (int(v) for v in a[:_HEAD])
         if rows < 0 or has_lines not in (0, 1) or len(a) != _HEAD + rows + 1 + rows * has_lines:
             return None
-        offsets = a[_HEAD:_HEAD + rows + 1]
+        offsets = a[_HEAD : _HEAD + rows + 1]
         if offsets[0] < start or offsets[-1] != end:
             return None
-        return cls(offsets, a[_HEAD + rows + 1:] if has_lines else None, line0)
+        return cls(offsets, a[_HEAD + rows + 1 :] if has_lines else None, line0)
 
 
 def _read_header(path: str, dialect: _Dialect) -> tuple[list[str] | None, int, int, int]:
@@ -246,12 +285,15 @@ def _read_header(path: str, dialect: _Dialect) -> tuple[list[str] | None, int, i
         if not dialect.header:
             return None, start, 1, len(first or ())
         if first is None:
-            raise DataError(f"{path}: expected a header line naming the columns, found "
-                            f"{'an empty file' if records.pos == start else 'only blank lines'}")
+            raise DataError(
+                f"{path}: expected a header line naming the columns, found "
+                f"{'an empty file' if records.pos == start else 'only blank lines'}"
+            )
         return first, records.pos, records.line, len(first)
 
 
 # -- selection ----------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class _Key:
@@ -279,11 +321,18 @@ def _select(path: str, keys: dict, dtypes: dict, names: list[str] | None, nfield
     unknown = sorted(set(dtypes) - set(keys))
     if unknown:
         raise ValueError(f"dtypes names {unknown}, which are not keys; dtypes are per key, keys are {sorted(keys)}")
-    missing = [c for cols in keys.values() for c in ([cols] if isinstance(cols, _ONE) else cols)
-               if isinstance(c, str) and (names is None or c not in names)]
+    missing = [
+        c
+        for cols in keys.values()
+        for c in ([cols] if isinstance(cols, _ONE) else cols)
+        if isinstance(c, str) and (names is None or c not in names)
+    ]
     if missing:
-        raise DataError(f"{path}: expected columns {missing} in the header, available: {names}"
-                        if names is not None else f"{path}: columns {missing} are names, which need header=True")
+        raise DataError(
+            f"{path}: expected columns {missing} in the header, available: {names}"
+            if names is not None
+            else f"{path}: columns {missing} are names, which need header=True"
+        )
     return {key: _key(path, key, cols, dtypes.get(key, "float32"), names, nfields) for key, cols in keys.items()}
 
 
@@ -291,8 +340,9 @@ def _key(path: str, key: str, cols, dtype, names, nfields: int) -> _Key:
     labels = isinstance(dtype, str) and dtype in CLASS_DTYPES
     dtype = np.dtype("int64" if labels else dtype)
     if dtype.kind not in "iuf":
-        raise ValueError(f"key {key!r}: dtype must be an integer or float type, or 'class' for text labels, "
-                         f"got {dtype}")
+        raise ValueError(
+            f"key {key!r}: dtype must be an integer or float type, or 'class' for text labels, got {dtype}"
+        )
     vector = not isinstance(cols, _ONE)
     cols = list(cols) if vector else [cols]
     if not cols:
@@ -301,8 +351,9 @@ def _key(path: str, key: str, cols, dtype, names, nfields: int) -> _Key:
     for c in cols:
         if isinstance(c, str):
             if names.count(c) > 1:
-                raise DataError(f"{path}: column {c!r} appears {names.count(c)} times in the header; "
-                                f"select it by position")
+                raise DataError(
+                    f"{path}: column {c!r} appears {names.count(c)} times in the header; select it by position"
+                )
             fields.append(names.index(c))
         elif isinstance(c, (int, np.integer)) and not isinstance(c, bool) and 0 <= c and (c < nfields or not nfields):
             fields.append(int(c))
@@ -322,6 +373,7 @@ def _number(value: str) -> float | None:
 
 # -- the source ---------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class _Opener:
     """Opens the file for ``os.pread`` and refuses one that changed since it was indexed."""
@@ -335,8 +387,10 @@ class _Opener:
         st = os.fstat(fd)
         if (st.st_size, st.st_mtime_ns) != (self.size, self.mtime_ns):
             os.close(fd)
-            raise DataError(f"{self.path}: changed since it was indexed (expected size {self.size}, mtime_ns "
-                            f"{self.mtime_ns}; found {st.st_size}, {st.st_mtime_ns}); build a new CsvSource")
+            raise DataError(
+                f"{self.path}: changed since it was indexed (expected size {self.size}, mtime_ns "
+                f"{self.mtime_ns}; found {st.st_size}, {st.st_mtime_ns}); build a new CsvSource"
+            )
         return fd
 
 
@@ -356,11 +410,23 @@ class CsvSource:
     says so and the index travels to worker processes in the pickle.
     """
 
-    def __init__(self, path: str | os.PathLike[str], /, *, dtypes: Mapping[str, Any] | None = None,
-                 fill: Mapping[str, Any] | None = None, na_values: Iterable[str] = NA_VALUES, header: bool = True,
-                 delimiter: str = ",", quotechar: str | None = '"', escapechar: str | None = None,
-                 encoding: str = "utf-8", cache_dir: str | os.PathLike[str] | None = None,
-                 max_row_bytes: int = 1 << 20, **keys: str | int | Sequence[str | int]) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        /,
+        *,
+        dtypes: Mapping[str, Any] | None = None,
+        fill: Mapping[str, Any] | None = None,
+        na_values: Iterable[str] = NA_VALUES,
+        header: bool = True,
+        delimiter: str = ",",
+        quotechar: str | None = '"',
+        escapechar: str | None = None,
+        encoding: str = "utf-8",
+        cache_dir: str | os.PathLike[str] | None = None,
+        max_row_bytes: int = 1 << 20,
+        **keys: str | int | Sequence[str | int],
+    ) -> None:
         self.path = os.fspath(path)
         self.dialect = _Dialect(delimiter, quotechar, escapechar, encoding, bool(header), int(max_row_bytes))
         st = os.stat(self.path)
@@ -428,8 +494,9 @@ class CsvSource:
         try:
             index.save(self._cache, self._stamp)
         except OSError as exc:
-            index_cache.warn_unsaved(f"CsvSource could not save the index of {self.path}", self._cache, exc,
-                                     stacklevel=3)
+            index_cache.warn_unsaved(
+                f"CsvSource could not save the index of {self.path}", self._cache, exc, stacklevel=3
+            )
             self._cache = None  # the index then travels in the pickle
         return index
 
@@ -439,8 +506,10 @@ class CsvSource:
             assert self._cache is not None  # only a saved index is dropped
             index = self._index = _Index.load(self._cache, self._stamp, *self._span)
             if index is None:
-                raise DataError(f"{self.path}: its index {self._cache} is gone or was rebuilt for a changed "
-                                f"file; build a new CsvSource")
+                raise DataError(
+                    f"{self.path}: its index {self._cache} is gone or was rebuilt for a changed "
+                    f"file; build a new CsvSource"
+                )
         return index
 
     def __len__(self) -> int:
@@ -468,8 +537,9 @@ class CsvSource:
     def check_fields(self, i: int, fields: list[str]) -> None:
         """DataError naming the line unless row ``i`` has as many fields as the header (or first row)."""
         if len(fields) != self._nfields:
-            raise DataError(f"{self.locate(i)}: expected {self._nfields} fields ({self._field_origin}), "
-                            f"found {len(fields)}")
+            raise DataError(
+                f"{self.locate(i)}: expected {self._nfields} fields ({self._field_origin}), found {len(fields)}"
+            )
 
     def _rows(self, ids) -> list[tuple[int, list[str]]]:
         """(id, fields) per id; consecutive ids are read with one pread."""
@@ -481,21 +551,25 @@ class CsvSource:
             return []
         offsets = self._idx().offsets
         if ids == list(range(ids[0], ids[0] + len(ids))):
-            bounds = np.asarray(offsets[ids[0]:ids[-1] + 2])
+            bounds = np.asarray(offsets[ids[0] : ids[-1] + 2])
             blob, base = self._pread(ids[0], int(bounds[0]), int(bounds[-1]), len(ids)), int(bounds[0])
             spans = zip(ids, bounds[:-1].tolist(), bounds[1:].tolist())
-            return [(i, self._parse(i, blob[s - base:e - base])) for i, s, e in spans]
+            return [(i, self._parse(i, blob[s - base : e - base])) for i, s, e in spans]
         return [(i, self._parse(i, self._pread(i, int(offsets[i]), int(offsets[i + 1]), 1))) for i in ids]
 
     def _pread(self, i: int, start: int, end: int, rows: int) -> bytes:
         if not 0 < end - start <= rows * self.dialect.max_row_bytes:  # never trust a span blindly
-            raise DataError(f"{self.locate(i)}: the index gives a span of {end - start} bytes for {rows} row(s), "
-                            f"expected 1..{rows} x max_row_bytes; the index file {self._cache} is corrupt")
+            raise DataError(
+                f"{self.locate(i)}: the index gives a span of {end - start} bytes for {rows} row(s), "
+                f"expected 1..{rows} x max_row_bytes; the index file {self._cache} is corrupt"
+            )
         with self._handles.use() as fd:
             data = os.pread(fd, end - start, start)
         if len(data) != end - start:
-            raise DataError(f"{self.locate(i)}: expected {end - start} bytes at offset {start}, found {len(data)}; "
-                            f"the file is shorter than its index")
+            raise DataError(
+                f"{self.locate(i)}: expected {end - start} bytes at offset {start}, found {len(data)}; "
+                f"the file is shorter than its index"
+            )
         return data
 
     def _parse(self, i: int, raw: bytes) -> list[str]:
@@ -504,8 +578,9 @@ class CsvSource:
         except (csv.Error, UnicodeDecodeError) as exc:
             raise DataError(f"{self.locate(i)}: expected {self.dialect.encoding} CSV: {exc}") from exc
         if len(records) != 1:
-            raise DataError(f"{self.locate(i)}: expected one row, found {len(records)}; "
-                            f"the file changed since it was indexed")
+            raise DataError(
+                f"{self.locate(i)}: expected one row, found {len(records)}; the file changed since it was indexed"
+            )
         return records[0]
 
     def _sample(self, i: int, fields: list[str]) -> dict:
@@ -519,8 +594,9 @@ class CsvSource:
                 raise ValueError  # names, never numbers: the per-value path maps them
             out = np.array(values, dtype=sel.dtype)  # the fast path: every value a plain number
         except (ValueError, OverflowError, FloatingPointError):
-            out = np.array([self._one(i, value, name, key, sel) for value, name in zip(values, sel.names)],
-                           dtype=sel.dtype)
+            out = np.array(
+                [self._one(i, value, name, key, sel) for value, name in zip(values, sel.names)], dtype=sel.dtype
+            )
         else:
             if sel.fill is not None and sel.dtype.kind == "f":  # "nan" parsed as NaN: missing too
                 out[np.isnan(out)] = sel.fill
@@ -534,22 +610,32 @@ class CsvSource:
                 return sel.fill
             if sel.dtype.kind == "f":
                 return np.nan
-            raise self._bad(i, name, f"missing value {shown!r}: {sel.describe()} has no NaN; pass "
-                                     f"fill={{{key!r}: value}} for missing values" +
-                            ("" if sel.labels else ", or read it as float32 (NaN)"))
+            raise self._bad(
+                i,
+                name,
+                f"missing value {shown!r}: {sel.describe()} has no NaN; pass "
+                f"fill={{{key!r}: value}} for missing values" + ("" if sel.labels else ", or read it as float32 (NaN)"),
+            )
         if sel.labels:
             at = bisect.bisect_left(sel.classes, value)
             if at == len(sel.classes) or sel.classes[at] != value:
-                raise self._bad(i, name, f"{shown!r} is not one of the class names found when the source was made "
-                                         f"(did the file change?)")
+                raise self._bad(
+                    i,
+                    name,
+                    f"{shown!r} is not one of the class names found when the source was made (did the file change?)",
+                )
             return at
         try:
             return np.array([value], dtype=sel.dtype)[0]
         except (ValueError, OverflowError, FloatingPointError) as exc:
             number = _number(value)
             if number is None:
-                raise self._bad(i, name, f"expected {sel.dtype}, found {shown!r}; text labels read as class ids "
-                                         f"with dtypes={{{key!r}: 'class'}}") from None
+                raise self._bad(
+                    i,
+                    name,
+                    f"expected {sel.dtype}, found {shown!r}; text labels read as class ids "
+                    f"with dtypes={{{key!r}: 'class'}}",
+                ) from None
             if type(exc) is not ValueError or not (sel.dtype.kind in "iu" and number.is_integer()):
                 why = " (out of range)" if type(exc) is not ValueError else ""
                 raise self._bad(i, name, f"expected {sel.dtype}, found {shown!r}{why}") from None
@@ -563,9 +649,16 @@ class CsvSource:
         return DataError(f"{self.locate(i)}: column {name!r}: {message}")
 
     def fingerprint(self) -> str:
-        selection = repr((self.dialect, sorted(self.na_values), sorted(
-            (k, v.fields, v.dtype.str, v.vector, v.classes, None if v.fill is None else v.fill.item())
-            for k, v in self.keys.items())))
+        selection = repr(
+            (
+                self.dialect,
+                sorted(self.na_values),
+                sorted(
+                    (k, v.fields, v.dtype.str, v.vector, v.classes, None if v.fill is None else v.fill.item())
+                    for k, v in self.keys.items()
+                ),
+            )
+        )
         return hashlib.sha256((file_fingerprint([self.path]) + selection).encode()).hexdigest()
 
     def close(self) -> None:
@@ -581,5 +674,7 @@ class CsvSource:
         return state
 
     def __repr__(self) -> str:
-        keys = ", ".join(f"{k}={list(v.names) if v.vector else v.names[0]!r}:{v.describe()}" for k, v in self.keys.items())
+        keys = ", ".join(
+            f"{k}={list(v.names) if v.vector else v.names[0]!r}:{v.describe()}" for k, v in self.keys.items()
+        )
         return f"CsvSource({self.path!r}, {keys}, rows={self._len})"

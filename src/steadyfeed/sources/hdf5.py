@@ -26,6 +26,7 @@ Guarantees:
   hold it open in this process first (refreshing a dataset under a second open handle makes HDF5
   fail reads that span several chunks, so this source never refreshes).
 """
+
 from __future__ import annotations
 
 import errno
@@ -33,7 +34,8 @@ import functools
 import hashlib
 import math
 import os
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -109,7 +111,7 @@ class Hdf5Source:
             raise IndexError(f"sample id {int(bad[0])} out of range for {self!r} of length {self._len}")
         return ids
 
-    def _read_rows(self, name: str, handle: "_Open", ids: np.ndarray) -> np.ndarray:
+    def _read_rows(self, name: str, handle: _Open, ids: np.ndarray) -> np.ndarray:
         """Rows ``ids`` (sorted, unique) of one dataset: by file offset when it is stored raw,
         else through HDF5."""
         raw = handle.raw.get(name)
@@ -118,8 +120,7 @@ class Hdf5Source:
         shape, dtype = self._rows[name]
         out = np.empty((len(ids), *shape), dtype)
         assert handle.fd is not None  # opened for every dataset stored raw
-        self._read_raw_rows(
-name, handle.fd, raw, ids, out.view(np.uint8).reshape(len(ids), raw.row_bytes))
+        self._read_raw_rows(name, handle.fd, raw, ids, out.view(np.uint8).reshape(len(ids), raw.row_bytes))
         return out
 
     def _read_raw_rows(self, name: str, fd: int, raw: RawRows, ids: np.ndarray, out: np.ndarray) -> None:
@@ -127,8 +128,10 @@ name, handle.fd, raw, ids, out.view(np.uint8).reshape(len(ids), raw.row_bytes))
         (``GAP_BYTES``), with one ``preadv`` per span (``raw_rows.read_rows``)."""
         short = read_rows(fd, raw, ids, out, GAP_BYTES)
         if short is not None:
-            raise DataError(f"{self.path}: rows {short[0]}..{short[1]} of dataset {self.keys[name]} "
-                            f"end past the end of the file (truncated since it was opened?)")
+            raise DataError(
+                f"{self.path}: rows {short[0]}..{short[1]} of dataset {self.keys[name]} "
+                f"end past the end of the file (truncated since it was opened?)"
+            )
 
     def _read_hdf5_rows(self, name: str, ds, ids: np.ndarray) -> np.ndarray:
         """Rows ``ids`` (sorted, unique) of one dataset, with one HDF5 read per span of nearby ids.
@@ -184,7 +187,7 @@ class _Open(NamedTuple):
     """One process's open file and its datasets (what ``LazyHandles`` keeps), plus, for datasets
     stored raw, where their rows lie in the file and a plain descriptor to read them with."""
 
-    file: "h5py.File"
+    file: h5py.File
     datasets: dict
     raw: dict  # name -> RawRows for uncompressed datasets whose rows can be read by offset
     fd: int | None
@@ -250,9 +253,12 @@ def _open_file(path: str, swmr: bool, expected: str):
     try:
         return h5py.File(path, "r", swmr=swmr)
     except OSError as exc:
-        what = ("is an HDF5 file that cannot be opened (truncated, corrupt, or being written: pass "
-                "swmr=True for a file written in SWMR mode)" if h5py.is_hdf5(path)
-                else "is not an HDF5 file (no HDF5 signature)")
+        what = (
+            "is an HDF5 file that cannot be opened (truncated, corrupt, or being written: pass "
+            "swmr=True for a file written in SWMR mode)"
+            if h5py.is_hdf5(path)
+            else "is not an HDF5 file (no HDF5 signature)"
+        )
         raise DataError(f"{path} {what}; expected an HDF5 file holding {expected}: {exc}") from exc
 
 
@@ -267,7 +273,7 @@ def _open_dataset(f, path: str, dataset: str):
     return ds
 
 
-def _access(f, dataset: str) -> "h5p.PropDAID":
+def _access(f, dataset: str) -> h5p.PropDAID:
     """Dataset access with a chunk cache sized for reading rows.
 
     Uncompressed chunks get no cache, so HDF5 reads just the requested rows from disk (a cache

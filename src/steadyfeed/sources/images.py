@@ -5,14 +5,16 @@ Needs the ``images`` extra (Pillow and simplejpeg). JPEGs are decoded by simplej
 every other format, and JPEGs simplejpeg does not handle (CMYK, YCCK, unusual
 subsampling), by Pillow.
 """
+
 from __future__ import annotations
 
 import functools
 import hashlib
 import io
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -26,10 +28,24 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("ImageFolder needs Pillow and simplejpeg: pip install 'steadyfeed[images]'") from exc
 
-IMAGE_EXTENSIONS = frozenset({
-    ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff",
-    ".ppm", ".pgm", ".pbm", ".pnm",
-})
+IMAGE_EXTENSIONS = frozenset(
+    {
+        ".jpg",
+        ".jpeg",
+        ".jpe",
+        ".jfif",
+        ".png",
+        ".bmp",
+        ".gif",
+        ".webp",
+        ".tif",
+        ".tiff",
+        ".ppm",
+        ".pgm",
+        ".pbm",
+        ".pnm",
+    }
+)
 MAX_PIXELS = 89_478_485  # Pillow's default Image.MAX_IMAGE_PIXELS (1 GiB of 32-bit pixels / 3)
 MAX_BYTES = 256 * 2**20
 RESAMPLE = Image.Resampling.BILINEAR  # Pillow's is antialiased when shrinking, like Keras' resizing
@@ -46,8 +62,14 @@ class ImageReader:
     size and the refusals): ``load(path)`` the pixels, ``header(path)`` what the header says.
     Also what ``steadyfeed inspect`` reads images with, so it refuses what a loader refuses."""
 
-    def __init__(self, size: Sequence[int] | None = None, channels: int = 3, *, max_pixels: int = MAX_PIXELS,
-                 max_bytes: int = MAX_BYTES) -> None:
+    def __init__(
+        self,
+        size: Sequence[int] | None = None,
+        channels: int = 3,
+        *,
+        max_pixels: int = MAX_PIXELS,
+        max_bytes: int = MAX_BYTES,
+    ) -> None:
         if channels not in _PIL_MODES:
             raise ValueError(f"channels must be 1, 3 or 4, got {channels!r}")
         self.size = _check_size(size)
@@ -88,8 +110,9 @@ class ImageReader:
         if not data:
             raise DataError(f"{path}: empty (0 bytes); expected an encoded image")
         if len(data) > self.max_bytes:
-            raise DataError(f"{path}: {len(data):,} bytes, more than max_bytes={self.max_bytes:,}; refused without "
-                            f"decoding")
+            raise DataError(
+                f"{path}: {len(data):,} bytes, more than max_bytes={self.max_bytes:,}; refused without decoding"
+            )
         try:
             image: np.ndarray | Image.Image | None = self._jpeg(data, path) if data[:2] == b"\xff\xd8" else None
             if image is None:
@@ -111,8 +134,7 @@ class ImageReader:
         self._check_pixels(path, width, height)
         min_h, min_w = self.size or (0, 0)
         # scale factors under 2 decode slower than a full decode (simplejpeg's own advice)
-        return simplejpeg.decode_jpeg(data, _JPEG_MODES[self.channels], min_height=min_h, min_width=min_w,
-                                      min_factor=2)
+        return simplejpeg.decode_jpeg(data, _JPEG_MODES[self.channels], min_height=min_h, min_width=min_w, min_factor=2)
 
     def _pillow(self, data: bytes, path) -> Image.Image:
         image = self._open(data, path)
@@ -125,13 +147,17 @@ class ImageReader:
         try:
             return Image.open(io.BytesIO(data))
         except UnidentifiedImageError:  # Pillow's message names only our in-memory buffer
-            raise DataError(f"{path}: not a decodable image (UnidentifiedImageError: no image format Pillow "
-                            f"reads starts with {data[:8]!r})") from None
+            raise DataError(
+                f"{path}: not a decodable image (UnidentifiedImageError: no image format Pillow "
+                f"reads starts with {data[:8]!r})"
+            ) from None
 
     def _check_pixels(self, path, width: int, height: int) -> None:
         if width * height > self.max_pixels:
-            raise DataError(f"{path}: header says {width}x{height} = {width * height:,} pixels, more than "
-                            f"max_pixels={self.max_pixels:,}; refused before decoding (a decompression bomb?)")
+            raise DataError(
+                f"{path}: header says {width}x{height} = {width * height:,} pixels, more than "
+                f"max_pixels={self.max_pixels:,}; refused before decoding (a decompression bomb?)"
+            )
 
     def _finish(self, image: np.ndarray | Image.Image) -> np.ndarray:
         """The exact output size and an (h, w, channels) array."""
@@ -144,15 +170,20 @@ class ImageReader:
         return np.array(image).reshape(image.height, image.width, self.channels)  # a writable copy
 
 
-
 @functools.lru_cache(maxsize=64)
 def _reader(size, channels: int, max_pixels: int, max_bytes: int) -> ImageReader:
     return ImageReader(size, channels, max_pixels=max_pixels, max_bytes=max_bytes)
 
 
-def decode_image(data: bytes | bytearray | memoryview | np.ndarray, size: Sequence[int] | None = None,
-                 channels: int = 3, *, max_pixels: int = MAX_PIXELS, max_bytes: int = MAX_BYTES,
-                 where: str = "image bytes") -> np.ndarray:
+def decode_image(
+    data: bytes | bytearray | memoryview | np.ndarray,
+    size: Sequence[int] | None = None,
+    channels: int = 3,
+    *,
+    max_pixels: int = MAX_PIXELS,
+    max_bytes: int = MAX_BYTES,
+    where: str = "image bytes",
+) -> np.ndarray:
     """Encoded image bytes (a JPEG, PNG, ... as stored in a TFRecord ``image/encoded`` feature, a
     WebDataset member or a Parquet binary column) as a uint8 ``(h, w, channels)`` array, decoded
     exactly as :class:`ImageFolder` decodes its files: libjpeg-turbo for JPEGs (GIL released),
@@ -208,10 +239,18 @@ class ImageFolder(ImageReader):
     for a root without class folders or a class folder without images.
     """
 
-    def __init__(self, root: str | os.PathLike[str], size: Sequence[int] | None = None, channels: int = 3, *,
-                 extensions: Iterable[str] = IMAGE_EXTENSIONS, max_pixels: int = MAX_PIXELS,
-                 max_bytes: int = MAX_BYTES, cache_dir: str | os.PathLike[str] | None = None,
-                 progress: bool = True) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        size: Sequence[int] | None = None,
+        channels: int = 3,
+        *,
+        extensions: Iterable[str] = IMAGE_EXTENSIONS,
+        max_pixels: int = MAX_PIXELS,
+        max_bytes: int = MAX_BYTES,
+        cache_dir: str | os.PathLike[str] | None = None,
+        progress: bool = True,
+    ) -> None:
         super().__init__(size, channels, max_pixels=max_pixels, max_bytes=max_bytes)
         self.root = os.path.abspath(os.fspath(root))
         self.extensions = frozenset("." + e.lower().lstrip(".") for e in extensions)
@@ -219,8 +258,13 @@ class ImageFolder(ImageReader):
         self.class_to_label = {name: label for label, name in enumerate(self.classes)}
         keep = _image_filter(self.extensions)
         options = "\0".join([*sorted(self.extensions), "", *self.classes])
-        self._listing = cached_listing(self.root, "images", options, cache_dir=cache_dir, build=lambda: list_tree(
-            self.root, self.classes, keep=keep, progress=progress))
+        self._listing = cached_listing(
+            self.root,
+            "images",
+            options,
+            cache_dir=cache_dir,
+            build=lambda: list_tree(self.root, self.classes, keep=keep, progress=progress),
+        )
         counts = np.diff(self._listing.group_starts)
         if not counts.all():
             name = self.classes[int(np.flatnonzero(counts == 0)[0])]
@@ -257,8 +301,10 @@ class ImageFolder(ImageReader):
         return hashlib.sha256(settings + file_fingerprint(self.files).encode()).hexdigest()
 
     def __repr__(self) -> str:
-        return (f"ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes, "
-                f"size={self.size}, channels={self.channels})")
+        return (
+            f"ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes, "
+            f"size={self.size}, channels={self.channels})"
+        )
 
 
 def _check_size(size) -> tuple[int, int] | None:
@@ -304,15 +350,19 @@ def scan_tree(root, extensions=IMAGE_EXTENSIONS) -> ImageTree:
     classes = _class_names(root)
     tree = ImageTree(classes, {}, {}, [])
     with os.scandir(root) as entries:
-        tree.ignored += [(e.path, "not in a class folder") for e in entries
-                         if not e.name.startswith(".") and not e.is_dir()]
+        tree.ignored += [
+            (e.path, "not in a class folder") for e in entries if not e.name.startswith(".") and not e.is_dir()
+        ]
     shown = ", ".join(sorted(extensions))
     listing, is_image = list_tree(root, classes), _image_filter(extensions)
     for label, name in enumerate(classes):
         found = range(listing.group_starts[label], listing.group_starts[label + 1])
         tree.images[name] = [listing.path(i) for i in found if is_image(listing.relative_bytes(i))]
-        tree.ignored += [(listing.path(i), f"not an image file (ImageFolder reads {shown})") for i in found
-                         if not is_image(listing.relative_bytes(i))]
+        tree.ignored += [
+            (listing.path(i), f"not an image file (ImageFolder reads {shown})")
+            for i in found
+            if not is_image(listing.relative_bytes(i))
+        ]
         if not tree.images[name]:
             tree.empty[name] = _no_images(os.path.join(root, name), extensions)
     return tree
@@ -320,14 +370,17 @@ def scan_tree(root, extensions=IMAGE_EXTENSIONS) -> ImageTree:
 
 def _image_filter(extensions: frozenset):
     """``keep(name bytes)``: whether a file name has one of ``extensions`` (case-insensitive)."""
+
     def keep(name: bytes) -> bool:
         return os.path.splitext(os.fsdecode(name))[1].lower() in extensions
+
     return keep
 
 
 def _no_images(class_dir: str, extensions: frozenset) -> DataError:
-    return DataError(f"class folder {class_dir} holds no image files; expected files ending in "
-                     f"{', '.join(sorted(extensions))}")
+    return DataError(
+        f"class folder {class_dir} holds no image files; expected files ending in {', '.join(sorted(extensions))}"
+    )
 
 
 def _class_names(root: str) -> list[str]:

@@ -18,6 +18,7 @@ Guarantees:
   cache, ``warn_unsaved``), never a torn index;
 * nothing is ever unpickled (``allow_pickle=False``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -70,20 +71,22 @@ def load(target: str, stamp: tuple[int, ...], *, mmap: bool = False) -> np.ndarr
         return None  # (an .npz archive loads as something else)
     a = a.view(np.ndarray)  # a plain view of a memmap: slicing one costs microseconds
     head = _header(stamp, a.shape[1:])
-    if len(a) < len(head) or not np.array_equal(a[:len(head)], head):
+    if len(a) < len(head) or not np.array_equal(a[: len(head)], head):
         return None
-    return a[len(head):]
+    return a[len(head) :]
 
 
 def warn_unsaved(what: str, target: str, exc: OSError, stacklevel: int = 2) -> None:
     """Warn that an index could not be saved; ``what`` says whose, e.g. "could not cache the index of x"."""
-    warnings.warn(f"{what} at {target} ({exc}); it is rebuilt every time: pass cache_dir= a writable "
-                  f"directory", stacklevel=stacklevel + 1)
+    warnings.warn(
+        f"{what} at {target} ({exc}); it is rebuilt every time: pass cache_dir= a writable directory",
+        stacklevel=stacklevel + 1,
+    )
 
 
 def _header(stamp: tuple[int, ...], row_shape: tuple[int, ...]) -> np.ndarray:
     """The stamp as leading rows shaped like the payload's, zero-padded to whole rows."""
     width = math.prod(row_shape)
     words = np.zeros(-(-len(stamp) // width) * width, dtype=np.int64)
-    words[:len(stamp)] = stamp
+    words[: len(stamp)] = stamp
     return words.reshape(-1, *row_shape)

@@ -21,13 +21,15 @@ costs 150 or more. Guarantees:
   open). A worker that finds the file rebuilt since raises :class:`~steadyfeed.DataError`
   rather than read another order.
 """
+
 from __future__ import annotations
 
 import hashlib
 import os
 import tempfile
 from array import array
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +46,7 @@ _HEAD = 6  # payload words before the arrays: files, dirs, groups, buffer words,
 def _words(data: np.ndarray) -> np.ndarray:
     """uint8 bytes as int64 words (zero-padded), for an int64 index file."""
     padded = np.zeros(-(-len(data) // 8) * 8, np.uint8)
-    padded[:len(data)] = data
+    padded[: len(data)] = data
     return padded.view(np.int64)
 
 
@@ -52,8 +54,17 @@ class Listing:
     """Paths relative to ``root`` (``relative(i)``, ``path(i)``), in groups (``group_starts``:
     group g holds files ``group_starts[g]:group_starts[g+1]``) and the directories read."""
 
-    def __init__(self, root: str, buffer: np.ndarray, offsets: np.ndarray, group_starts: np.ndarray,
-                 dirs: tuple, cache_file: str | None = None, build_id: int = 0, stamp: tuple = ()):
+    def __init__(
+        self,
+        root: str,
+        buffer: np.ndarray,
+        offsets: np.ndarray,
+        group_starts: np.ndarray,
+        dirs: tuple,
+        cache_file: str | None = None,
+        build_id: int = 0,
+        stamp: tuple = (),
+    ):
         self.root, self.buffer, self.offsets, self.group_starts = root, buffer, offsets, group_starts
         self.dirs = dirs  # (dir buffer, dir offsets, mtime_ns, inode): what the cache is checked against
         self.cache_file, self.build_id, self.stamp = cache_file, int(build_id), tuple(stamp)
@@ -62,7 +73,7 @@ class Listing:
         return len(self.offsets) - 1
 
     def relative_bytes(self, i: int) -> bytes:
-        return self.buffer[self.offsets[i]:self.offsets[i + 1]].tobytes()
+        return self.buffer[self.offsets[i] : self.offsets[i + 1]].tobytes()
 
     def relative(self, i: int) -> str:
         return os.fsdecode(self.relative_bytes(i))
@@ -70,7 +81,7 @@ class Listing:
     def path(self, i: int) -> str:
         return os.path.join(self.root, self.relative(i))
 
-    def same_names(self, other: "Listing") -> bool:
+    def same_names(self, other: Listing) -> bool:
         return np.array_equal(self.offsets, other.offsets) and np.array_equal(self.buffer, other.buffer)
 
     def nbytes(self) -> int:
@@ -79,13 +90,32 @@ class Listing:
     # -- the cache file --------------------------------------------------------------------
     def payload(self) -> np.ndarray:
         dir_buffer, dir_offsets, mtimes, inodes = self.dirs
-        head = np.array([len(self), len(dir_offsets) - 1, len(self.group_starts) - 1, -(-len(self.buffer) // 8),
-                         -(-len(dir_buffer) // 8), self.build_id], np.int64)
-        return np.concatenate([head, self.offsets, self.group_starts, dir_offsets, mtimes, inodes,
-                               _words(self.buffer), _words(dir_buffer)])
+        head = np.array(
+            [
+                len(self),
+                len(dir_offsets) - 1,
+                len(self.group_starts) - 1,
+                -(-len(self.buffer) // 8),
+                -(-len(dir_buffer) // 8),
+                self.build_id,
+            ],
+            np.int64,
+        )
+        return np.concatenate(
+            [
+                head,
+                self.offsets,
+                self.group_starts,
+                dir_offsets,
+                mtimes,
+                inodes,
+                _words(self.buffer),
+                _words(dir_buffer),
+            ]
+        )
 
     @classmethod
-    def from_payload(cls, root: str, payload: np.ndarray, cache_file: str, stamp: tuple) -> "Listing | None":
+    def from_payload(cls, root: str, payload: np.ndarray, cache_file: str, stamp: tuple) -> Listing | None:
         """The listing a cache payload holds, or None when it is malformed."""
         if len(payload) < _HEAD:
             return None
@@ -95,20 +125,28 @@ class Listing:
             return None
         parts, at = [], _HEAD
         for size in sizes:
-            parts.append(payload[at:at + size])
+            parts.append(payload[at : at + size])
             at += size
         offsets, group_starts, dir_offsets, mtimes, inodes, buffer, dir_buffer = parts
         buffer, dir_buffer = buffer.view(np.uint8), dir_buffer.view(np.uint8)
         if offsets[-1] > len(buffer) or dir_offsets[-1] > len(dir_buffer) or group_starts[-1] != files:
             return None
-        return cls(root, buffer[:offsets[-1]], offsets, group_starts,
-                   (dir_buffer[:dir_offsets[-1]], dir_offsets, mtimes, inodes), cache_file, build_id, stamp)
+        return cls(
+            root,
+            buffer[: offsets[-1]],
+            offsets,
+            group_starts,
+            (dir_buffer[: dir_offsets[-1]], dir_offsets, mtimes, inodes),
+            cache_file,
+            build_id,
+            stamp,
+        )
 
     def unchanged(self) -> bool:
         """Whether every directory read still has the modification time and inode it had."""
         dir_buffer, dir_offsets, mtimes, inodes = self.dirs
         for k in range(len(mtimes)):
-            relative = os.fsdecode(dir_buffer[dir_offsets[k]:dir_offsets[k + 1]].tobytes())
+            relative = os.fsdecode(dir_buffer[dir_offsets[k] : dir_offsets[k + 1]].tobytes())
             try:
                 st = os.stat(os.path.join(self.root, relative) if relative else self.root)
             except OSError:
@@ -128,11 +166,16 @@ class Listing:
             self.__dict__.update(state)
             return
         payload = index_cache.load(state["cache_file"], state["stamp"], mmap=True)
-        listing = None if payload is None else Listing.from_payload(state["root"], payload, state["cache_file"],
-                                                                     state["stamp"])
+        listing = (
+            None
+            if payload is None
+            else Listing.from_payload(state["root"], payload, state["cache_file"], state["stamp"])
+        )
         if listing is None or listing.build_id != state["build_id"]:
-            raise DataError(f"the file listing of {state['root']} at {state['cache_file']} was rebuilt or removed "
-                            "since this source was made (the tree changed?); make the source again")
+            raise DataError(
+                f"the file listing of {state['root']} at {state['cache_file']} was rebuilt or removed "
+                "since this source was made (the tree changed?); make the source again"
+            )
         self.__dict__.update(listing.__dict__)
 
 
@@ -196,10 +239,20 @@ class _Builder:
     def listing(self, group_starts: list[int]) -> Listing:
         if self._bar is not None:
             self._bar.__exit__(None, None, None)
-        dirs = (np.frombuffer(bytes(self.dir_buffer), np.uint8), np.array(self.dir_offsets, np.int64),
-                np.array(self.mtimes, np.int64), np.array(self.inodes, np.int64))
-        return Listing(self.root, np.frombuffer(bytes(self.buffer), np.uint8), np.array(self.offsets, np.int64),
-                       np.array(group_starts, np.int64), dirs, build_id=int.from_bytes(os.urandom(7), "little"))
+        dirs = (
+            np.frombuffer(bytes(self.dir_buffer), np.uint8),
+            np.array(self.dir_offsets, np.int64),
+            np.array(self.mtimes, np.int64),
+            np.array(self.inodes, np.int64),
+        )
+        return Listing(
+            self.root,
+            np.frombuffer(bytes(self.buffer), np.uint8),
+            np.array(self.offsets, np.int64),
+            np.array(group_starts, np.int64),
+            dirs,
+            build_id=int.from_bytes(os.urandom(7), "little"),
+        )
 
 
 def _unlistable(path: str, exc: OSError) -> DataError:
@@ -230,8 +283,15 @@ def _sorted_entries(path: str, hidden: bool) -> tuple[list[bytes], np.ndarray]:
     return [k[:-1] if f else k for k, f in zip(keys[order].tolist(), flags[order].tolist())], flags[order]
 
 
-def _walk(builder: _Builder, path: str, relative: bytes, keep: Callable[[bytes], bool], recursive: bool,
-          hidden: bool, seen: set) -> None:
+def _walk(
+    builder: _Builder,
+    path: str,
+    relative: bytes,
+    keep: Callable[[bytes], bool],
+    recursive: bool,
+    hidden: bool,
+    seen: set,
+) -> None:
     real = os.path.realpath(path)
     if real in seen:  # a link loop or a second link to the same folder
         return
@@ -250,8 +310,15 @@ def _walk(builder: _Builder, path: str, relative: bytes, keep: Callable[[bytes],
             builder.add_file(child)
 
 
-def list_tree(root: str, groups: Sequence[str] = ("",), *, keep: Callable[[bytes], bool] = lambda name: True,
-              recursive: bool = True, hidden: bool = False, progress: bool = True) -> Listing:
+def list_tree(
+    root: str,
+    groups: Sequence[str] = ("",),
+    *,
+    keep: Callable[[bytes], bool] = lambda name: True,
+    recursive: bool = True,
+    hidden: bool = False,
+    progress: bool = True,
+) -> Listing:
     """The files under each of ``root``'s sub-folders ``groups`` ("" for ``root`` itself), in
     order, that ``keep(name bytes)`` accepts; each group's real folders listed once."""
     builder = _Builder(root, progress)
@@ -303,6 +370,7 @@ def cached_listing(root: str, kind: str, options: str, build: Callable[[], Listi
             continue
         listing.cache_file, listing.stamp = target, stamp  # workers now map this file
         return listing
-    index_cache.warn_unsaved(f"could not cache the file listing of {root}", failures[0][0], failures[0][1],
-                             stacklevel=3)
+    index_cache.warn_unsaved(
+        f"could not cache the file listing of {root}", failures[0][0], failures[0][1], stacklevel=3
+    )
     return listing  # in memory only: it pickles whole (compact) to workers

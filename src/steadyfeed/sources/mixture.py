@@ -21,12 +21,14 @@ The mixture already interleaves and shuffles: read it with the loader's default 
 order to keep the windowed shares in the delivered stream (``shuffle=True`` reorders the
 mixture's samples, so shares then hold per epoch and only on average within a window).
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import re
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +36,7 @@ from ..sampling.permutation import Permutation
 from .base import check_source, close_source, fingerprint, locate, read_many
 
 _MIX_STREAM = 5
-_RESOLUTION = 2 ** 32  # weights become integers of this scale: shares exact to 2**-32
+_RESOLUTION = 2**32  # weights become integers of this scale: shares exact to 2**-32
 FORMAT = "steadyfeed.mixture/1"
 
 
@@ -63,8 +65,14 @@ class Mixture:
     (default: equal); ``length`` samples (default: the components' total); ``seed`` keys
     each component's passes. See the module docstring for the guarantees."""
 
-    def __init__(self, sources: Sequence[Any] | Mapping[str, Any], weights: Sequence[float] | None = None, *,
-                 length: int | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        sources: Sequence[Any] | Mapping[str, Any],
+        weights: Sequence[float] | None = None,
+        *,
+        length: int | None = None,
+        seed: int = 0,
+    ) -> None:
         if isinstance(sources, Mapping):
             names, sources = [str(k) for k in sources], list(sources.values())
         else:
@@ -154,8 +162,14 @@ class Mixture:
 
     def fingerprint(self) -> str:
         """Changes when a component's data, a weight, the length or the seed changes."""
-        parts = [FORMAT, self.names, self._integer, self.length, self.seed,
-                 [_identity(source) for source in self.sources]]
+        parts = [
+            FORMAT,
+            self.names,
+            self._integer,
+            self.length,
+            self.seed,
+            [_identity(source) for source in self.sources],
+        ]
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
     def close(self) -> None:
@@ -173,5 +187,7 @@ class Mixture:
 def _identity(source: Any) -> list:
     kind = type(source)
     fp = fingerprint(source)
-    return [f"{kind.__module__}.{kind.__qualname__}",
-            fp if fp is not None else re.sub(r" at 0x[0-9a-fA-F]+", "", repr(source))]
+    return [
+        f"{kind.__module__}.{kind.__qualname__}",
+        fp if fp is not None else re.sub(r" at 0x[0-9a-fA-F]+", "", repr(source)),
+    ]

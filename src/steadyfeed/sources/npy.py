@@ -8,6 +8,7 @@ the file's size before allocating anything, so a truncated or hostile file is a
 :class:`~steadyfeed.DataError` naming the file and the sizes, never a huge allocation.
 Object (pickled) arrays are refused, as ``np.load(..., allow_pickle=False)`` does.
 """
+
 from __future__ import annotations
 
 import errno
@@ -16,8 +17,9 @@ import io
 import math
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -95,11 +97,15 @@ def npy_layout(fd: int, path: str) -> _Layout:
 
 def _read_into(fd: int, out: np.ndarray, offset: int, path: str) -> None:
     """Fill ``out`` with the file's bytes from ``offset``."""
-    missing = pread_fully(fd, memoryview(out.reshape(-1, order="A").view(np.uint8)),  # type: ignore[arg-type]
-                          offset)  # numpy's stubs give ndarray a __buffer__ on Python >= 3.12 only
+    missing = pread_fully(
+        fd,
+        memoryview(out.reshape(-1, order="A").view(np.uint8)),  # type: ignore[arg-type]
+        offset,
+    )  # numpy's stubs give ndarray a __buffer__ on Python >= 3.12 only
     if missing:
-        raise DataError(f"{path}: file shrank while being read ({missing} bytes missing at offset "
-                        f"{offset + out.nbytes - missing})")
+        raise DataError(
+            f"{path}: file shrank while being read ({missing} bytes missing at offset {offset + out.nbytes - missing})"
+        )
 
 
 def _read_stack(paths: list[str]) -> np.ndarray:
@@ -158,11 +164,11 @@ def _read_row_checked(fd: int, path: str, out: np.ndarray, row: int, first: _Lay
     if not layout.nbytes:
         return
     if layout.dtype == first.dtype:
-        _read_into(fd, out[row:row + 1], layout.offset, path)
+        _read_into(fd, out[row : row + 1], layout.offset, path)
     else:  # the same values in the other byte order (one big-endian file among native ones)
         other = np.empty((1, *layout.shape), layout.dtype)
         _read_into(fd, other, layout.offset, path)
-        out[row:row + 1] = other
+        out[row : row + 1] = other
 
 
 def read_npy(path: str) -> np.ndarray:
@@ -189,8 +195,13 @@ def _npy_listing(directory: str, role: str, cache_dir) -> Listing:
     loudly on read, never vanish), sorted, compact and cached (``listing.py``)."""
     if not os.path.isdir(directory):
         raise FileNotFoundError(errno.ENOENT, f"NpyPairs {role} directory not found", directory)
-    listing = cached_listing(directory, "npy", "", cache_dir=cache_dir, build=lambda: list_tree(
-        directory, keep=_is_npy, recursive=False, hidden=True))
+    listing = cached_listing(
+        directory,
+        "npy",
+        "",
+        cache_dir=cache_dir,
+        build=lambda: list_tree(directory, keep=_is_npy, recursive=False, hidden=True),
+    )
     if not len(listing):
         raise DataError(f"NpyPairs {role} directory {directory} has no .npy files")
     return listing
@@ -216,14 +227,22 @@ class NpyPairs:
     threads.
     """
 
-    def __init__(self, inputs_dir: str | os.PathLike[str], labels_dir: str | os.PathLike[str], *,
-                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        inputs_dir: str | os.PathLike[str],
+        labels_dir: str | os.PathLike[str],
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.dirs = {"x": os.fspath(inputs_dir), "y": os.fspath(labels_dir)}
         inputs = _npy_listing(self.dirs["x"], "inputs", cache_dir)
         labels = _npy_listing(self.dirs["y"], "labels", cache_dir)
         if not inputs.same_names(labels):
             a, b = set(RelativePaths(inputs, absolute=False)), set(RelativePaths(labels, absolute=False))
-            problems = [_unpaired(a, b, self.dirs["x"], self.dirs["y"]), _unpaired(b, a, self.dirs["y"], self.dirs["x"])]
+            problems = [
+                _unpaired(a, b, self.dirs["x"], self.dirs["y"]),
+                _unpaired(b, a, self.dirs["y"], self.dirs["x"]),
+            ]
             raise DataError("NpyPairs pairs files by name; " + "; ".join(p for p in problems if p))
         self._listing = inputs
 
@@ -294,8 +313,10 @@ class _FortranRows:
             self.rows = spec.open(self.file)
         except ValueError as exc:  # numpy's message does not name the file
             self.file.close()
-            raise DataError(f"{spec.filename}: cannot map {spec.dtype} {spec.shape} from byte {spec.offset} "
-                            f"(changed since the source was built?): {exc}") from exc
+            raise DataError(
+                f"{spec.filename}: cannot map {spec.dtype} {spec.shape} from byte {spec.offset} "
+                f"(changed since the source was built?): {exc}"
+            ) from exc
 
     def read(self, rows: np.ndarray) -> np.ndarray:
         needed = self.spec.offset + self.rows.nbytes
@@ -311,8 +332,10 @@ class _FortranRows:
 
 
 def _shrunk(filename: str, rows: tuple, size: int, needed: int) -> DataError:
-    return DataError(f"{filename}: rows {rows[0]}..{rows[1]} end past the end of the file, now {size} bytes where "
-                     f"its header needs {needed} (cut short or rewritten since it was opened?)")
+    return DataError(
+        f"{filename}: rows {rows[0]}..{rows[1]} end past the end of the file, now {size} bytes where "
+        f"its header needs {needed} (cut short or rewritten since it was opened?)"
+    )
 
 
 def _open_rows(spec: MappedFile) -> _RowFile | _FortranRows:

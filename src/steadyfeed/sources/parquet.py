@@ -22,6 +22,7 @@ column of another type in one file, is a :class:`DataError` naming the file); ha
 opened lazily, per process and thread (the source pickles as paths and footer counts);
 reads are deterministic, so batches are bit-identical at any worker count and mode.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -30,8 +31,9 @@ import glob
 import hashlib
 import os
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -61,10 +63,16 @@ def parquet_files(paths: Any) -> list[str]:
         return files
     pattern = os.path.expanduser(os.fspath(paths))
     if os.path.isdir(pattern):
-        files = sorted(os.path.join(d, f) for d, dirs, names in os.walk(pattern, followlinks=True)
-                       for f in names if f.lower().endswith(EXTENSIONS) and not f.startswith((".", "_"))
-                       and not any(part.startswith((".", "_")) for part in os.path.relpath(d, pattern).split(os.sep)
-                                   if part != "."))
+        files = sorted(
+            os.path.join(d, f)
+            for d, dirs, names in os.walk(pattern, followlinks=True)
+            for f in names
+            if f.lower().endswith(EXTENSIONS)
+            and not f.startswith((".", "_"))
+            and not any(
+                part.startswith((".", "_")) for part in os.path.relpath(d, pattern).split(os.sep) if part != "."
+            )
+        )
         if not files:
             raise DataError(f"{pattern} holds no Parquet files (expected names ending in {', '.join(EXTENSIONS)})")
         return files
@@ -114,8 +122,10 @@ def column_reader(name: str, arrow_type) -> _Column:
         return _Column(name, str(arrow_type), "string")
     if t.is_binary(arrow_type) or t.is_large_binary(arrow_type) or t.is_fixed_size_binary(arrow_type):
         return _Column(name, str(arrow_type), "binary")
-    raise DataError(f"column {name!r} is {arrow_type}: ParquetSource reads numbers, fixed-size lists, lists of "
-                    f"numbers, strings and binary")
+    raise DataError(
+        f"column {name!r} is {arrow_type}: ParquetSource reads numbers, fixed-size lists, lists of "
+        f"numbers, strings and binary"
+    )
 
 
 @dataclass(frozen=True)
@@ -139,7 +149,7 @@ class _Group:
         self.values, self.nulls, self.nbytes = {}, {}, 0
         for name, column in columns.items():
             array = table.column(name).combine_chunks()
-            self.nulls[name] = (np.asarray(array.is_null(), dtype=bool) if array.null_count else None)
+            self.nulls[name] = np.asarray(array.is_null(), dtype=bool) if array.null_count else None
             self.values[name] = _decoded(array, column)
             self.nbytes += array.nbytes
 
@@ -212,9 +222,15 @@ class ParquetSource:
     own name. ``fill`` maps keys to the value a null takes.
     """
 
-    def __init__(self, paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]], /, *,
-                 fill: dict | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 **keys: str | Sequence[str]) -> None:
+    def __init__(
+        self,
+        paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+        /,
+        *,
+        fill: dict | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        **keys: str | Sequence[str],
+    ) -> None:
         pq = pyarrow_module().parquet
         self.paths = parquet_files(paths)
         metas = []
@@ -238,7 +254,7 @@ class ParquetSource:
         if not all(key.stacks for key in self.keys.values()):
             # a list column has no stacked batch: the engine reads samples (read_many); setattr: an
             # instance attribute hides the method
-            setattr(self, "read_batch", None)
+            setattr(self, "read_batch", None)  # noqa: B010 - mypy refuses assigning to a method
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -263,8 +279,9 @@ class ParquetSource:
             try:
                 table = handle.read_row_group(number, columns=list(self._columns), use_threads=False)
             except Exception as exc:  # a corrupt page, a failed read: name the file and the group
-                raise DataError(f"{self.paths[f]} row group {number}: cannot be read ({type(exc).__name__}: "
-                                f"{exc})") from exc
+                raise DataError(
+                    f"{self.paths[f]} row group {number}: cannot be read ({type(exc).__name__}: {exc})"
+                ) from exc
         return _Group(table, self._columns)
 
     def _group(self, g: int) -> _Group:
@@ -315,16 +332,21 @@ class ParquetSource:
                 return sel.fill
             if column.kind == "number" and column.dtype is not None and column.dtype.kind == "f":
                 return np.asarray(np.nan, dtype=column.dtype)
-            raise DataError(f"{self.locate(i)}: column {column.name!r} ({column.type_text}) is null; pass "
-                            f"fill={{{key!r}: value}} for null values")
+            raise DataError(
+                f"{self.locate(i)}: column {column.name!r} ({column.type_text}) is null; pass "
+                f"fill={{{key!r}: value}} for null values"
+            )
         value = group.values[column.name][row]
         if column.kind in ("number", "fixed", "list"):
             return np.array(value, dtype=column.dtype)  # a fresh array the caller may keep
         return value  # str or bytes
 
     def fingerprint(self) -> str:
-        keys = repr(sorted((k, [c.name for c in v.columns], [c.type_text for c in v.columns], v.fill)
-                           for k, v in self.keys.items()))
+        keys = repr(
+            sorted(
+                (k, [c.name for c in v.columns], [c.type_text for c in v.columns], v.fill) for k, v in self.keys.items()
+            )
+        )
         return hashlib.sha256(f"{file_fingerprint(self.paths)}\0{keys}".encode()).hexdigest()
 
     def close(self) -> None:
@@ -333,8 +355,9 @@ class ParquetSource:
         self._cache.clear()
 
     def __repr__(self) -> str:
-        keys = ", ".join(f"{k}={[c.name for c in v.columns] if v.vector else v.columns[0].name!r}"
-                         for k, v in self.keys.items())
+        keys = ", ".join(
+            f"{k}={[c.name for c in v.columns] if v.vector else v.columns[0].name!r}" for k, v in self.keys.items()
+        )
         return f"ParquetSource({len(self)} rows in {len(self.paths)} file(s), {len(self._groups)} row groups; {keys})"
 
 
@@ -358,8 +381,10 @@ def _select(path: str, schema, keys: dict, fill: dict) -> dict[str, _Key]:
             raise DataError(f"{path}: key {key!r}: expected columns {missing or cols}, the file has {names}")
         columns = tuple(column_reader(c, schema.field(c).type) for c in cols)
         if vector and any(c.kind != "number" for c in columns):
-            raise DataError(f"{path}: key {key!r}: a list of columns stacks numbers; "
-                            f"{[c.name for c in columns if c.kind != 'number']} are not")
+            raise DataError(
+                f"{path}: key {key!r}: a list of columns stacks numbers; "
+                f"{[c.name for c in columns if c.kind != 'number']} are not"
+            )
         out[key] = _Key(columns, vector, _fill(key, fill.get(key), columns))
     return out
 

@@ -5,6 +5,7 @@ A read, never a mapping: a file that shrinks while in use gives a short read and
 naming it, where touching a mapped page past the new end would kill the process (SIGBUS).
 ``os.preadv`` releases the GIL and shares no file position, so thread workers read in parallel.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,7 +37,7 @@ class RawRows(NamedTuple):
     extents: np.ndarray
 
     @classmethod
-    def contiguous(cls, offset: int, rows: int, row_bytes: int) -> "RawRows":
+    def contiguous(cls, offset: int, rows: int, row_bytes: int) -> RawRows:
         return cls(np.array([offset], np.int64), rows, row_bytes, np.zeros(1, np.int64))
 
 
@@ -81,7 +82,7 @@ def read_rows(fd: int, raw: RawRows, ids: np.ndarray, out: np.ndarray, gap_bytes
         start, last = listed[a], listed[b - 1]
         # consecutive ids go straight into the output; ids a few rows apart share a read of their span
         span = None if last - start + 1 == b - a else np.empty((last - start + 1, rb), np.uint8)
-        view = flat[a * rb:b * rb] if span is None else memoryview(span.reshape(-1))  # type: ignore[arg-type]
+        view = flat[a * rb : b * rb] if span is None else memoryview(span.reshape(-1))  # type: ignore[arg-type]
         if os.preadv(fd, [view], offsets[a]) != len(view) and pread_fully(fd, view, offsets[a]):  # rare
             return start, last
         if span is not None:

@@ -22,6 +22,7 @@ and the break is one more sample whose read raises a DataError naming the shard 
 headers that are checked against the shard's size first, so a hostile header allocates
 nothing. Compressed shards (``.tar.gz``) have no random access: decompress them first.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -30,8 +31,8 @@ import hashlib
 import os
 import re
 import tarfile
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -81,7 +82,7 @@ def _expand_braces(pattern: str) -> list[str]:
         return [pattern]
     lo, hi = match.group(1), match.group(2)
     width = len(lo)
-    head, tail = pattern[:match.start()], pattern[match.end():]
+    head, tail = pattern[: match.start()], pattern[match.end() :]
     return [f"{head}{n:0{width}d}{rest}" for n in range(int(lo), int(hi) + 1) for rest in _expand_braces(tail)]
 
 
@@ -108,17 +109,22 @@ class _Shard:
         return np.concatenate([np.array(head, np.int64), self.offsets, self.sizes, ends, words])
 
     @classmethod
-    def from_payload(cls, path: str, a: np.ndarray, size: int) -> "_Shard | None":
+    def from_payload(cls, path: str, a: np.ndarray, size: int) -> _Shard | None:
         if a.ndim != 1 or len(a) < 3:
             return None
         n, nbytes, broken = (int(v) for v in a[:3])
         if n < 0 or nbytes < 0 or len(a) != 3 + 3 * n + -(-nbytes // 8):
             return None
-        offsets, sizes, ends = a[3:3 + n], a[3 + n:3 + 2 * n], a[3 + 2 * n:3 + 3 * n]
-        if n and ((sizes < 0).any() or (offsets < 0).any() or (offsets + sizes > size).any() or ends[-1] != nbytes
-                  or (np.diff(ends) < 0).any()):
+        offsets, sizes, ends = a[3 : 3 + n], a[3 + n : 3 + 2 * n], a[3 + 2 * n : 3 + 3 * n]
+        if n and (
+            (sizes < 0).any()
+            or (offsets < 0).any()
+            or (offsets + sizes > size).any()
+            or ends[-1] != nbytes
+            or (np.diff(ends) < 0).any()
+        ):
             return None
-        blob = a[3 + 3 * n:].tobytes()[:nbytes]
+        blob = a[3 + 3 * n :].tobytes()[:nbytes]
         starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
         names = [blob[s:e].decode("utf-8", "surrogateescape") for s, e in zip(starts.tolist(), ends.tolist())]
         return cls(path, names, offsets.copy(), sizes.copy(), None if broken < 0 else broken)
@@ -130,8 +136,10 @@ def _scan_shard(path: str) -> _Shard:
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if f.read(2) == b"\x1f\x8b":
-            raise DataError(f"{path} is gzip-compressed: a tar shard needs no compression for random access; "
-                            f"decompress it first (gunzip)")
+            raise DataError(
+                f"{path} is gzip-compressed: a tar shard needs no compression for random access; "
+                f"decompress it first (gunzip)"
+            )
         f.seek(0)
         end = 0  # where the bytes after the last good member start
         try:
@@ -194,8 +202,9 @@ def _load_shard(path: str, cache_dir) -> _Shard:
         try:
             index_cache.save(target, stamp, shard.payload())
         except OSError as exc:
-            index_cache.warn_unsaved(f"WebDatasetSource could not cache the member index of {path}", target, exc,
-                                     stacklevel=4)
+            index_cache.warn_unsaved(
+                f"WebDatasetSource could not cache the member index of {path}", target, exc, stacklevel=4
+            )
     _group(shard)
     return shard
 
@@ -233,9 +242,13 @@ class WebDatasetSource:
     requires them (``"jpg;png"``: the first of these that the sample has).
     """
 
-    def __init__(self, shards: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
-                 keys: dict[str, str] | Iterable[str] | None = None, *,
-                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        shards: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+        keys: dict[str, str] | Iterable[str] | None = None,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.paths = shard_files(shards)
         self._shards = [_load_shard(path, cache_dir) for path in self.paths]
         for shard in self._shards:
@@ -278,8 +291,10 @@ class WebDatasetSource:
         for m in range(first, first + count):
             ext = _ext(shard.names[m])
             if ext in found:
-                raise DataError(f"{self.locate(i)}: the sample holds {ext!r} twice ({shard.names[m]!r} again, data at "
-                                f"byte {int(shard.offsets[m])}); expected one member per extension")
+                raise DataError(
+                    f"{self.locate(i)}: the sample holds {ext!r} twice ({shard.names[m]!r} again, data at "
+                    f"byte {int(shard.offsets[m])}); expected one member per extension"
+                )
             found[ext] = (int(shard.offsets[m]), int(shard.sizes[m]))
         return found
 
@@ -297,21 +312,28 @@ class WebDatasetSource:
         for ext in exts:
             if ext in members:
                 return ext
-        raise DataError(f"{self.locate(i)}: expected a member {' or '.join(repr(e) for e in exts)}, the sample has "
-                        f"{sorted(members)}")
+        raise DataError(
+            f"{self.locate(i)}: expected a member {' or '.join(repr(e) for e in exts)}, the sample has "
+            f"{sorted(members)}"
+        )
 
     def _read(self, i: int, fd: int, ext: str, offset: int, size: int) -> bytes:
         data = os.pread(fd, size, offset)
         if len(data) != size:
-            raise DataError(f"{self.locate(i)}: member {ext!r} at byte {offset} is truncated: expected {size} bytes, "
-                            f"found {len(data)} (did the shard change after it was indexed?)")
+            raise DataError(
+                f"{self.locate(i)}: member {ext!r} at byte {offset} is truncated: expected {size} bytes, "
+                f"found {len(data)} (did the shard change after it was indexed?)"
+            )
         return data
 
     def _break_error(self, shard: _Shard, fd: int) -> DataError:
         assert shard.broken is not None  # only for a shard whose tar stream breaks
         reason = _break_reason(fd, os.fstat(fd).st_size, shard.broken)
-        before = (f"the {len(shard.samples)} sample(s) before it read" if shard.samples
-                  else "no sample before it (is it a tar file?)")
+        before = (
+            f"the {len(shard.samples)} sample(s) before it read"
+            if shard.samples
+            else "no sample before it (is it a tar file?)"
+        )
         return DataError(f"{shard.path}: the tar stream breaks at byte {shard.broken}: {reason}; {before}")
 
     def read_many(self, ids: Sequence[int] | np.ndarray) -> list[dict]:

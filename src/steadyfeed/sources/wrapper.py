@@ -13,9 +13,11 @@ exist on the wrapped source, so the engine's helpers (``locate``, ``fingerprint`
 
 A subclass overrides :meth:`wrap_sample`, or ``__getitem__`` / ``read_many`` themselves.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from .base import check_source, close_source
 

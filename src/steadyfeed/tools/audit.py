@@ -41,22 +41,24 @@ What is checked (each a :class:`CheckResult` of the :class:`AuditReport`):
 ``loader`` itself is never iterated: every run uses ``loader.replace(...)`` and is closed
 before the next starts. Nothing is written (a quarantine file of the loader is not used).
 """
+
 from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from .. import quality
 from ..config import MODES
 from ..diagnostics import image_quality, near_duplicates
-from ..sources.base import locate
 from ..loader import Loader
-from ..sampling.samplers import WeightedSampler
 from ..progress import progress_bar
+from ..sampling.samplers import WeightedSampler
+from ..sources.base import locate
 from .spec import at_setting, batch_rows, raw_loader, real_rows
 
 FORMAT = "steadyfeed.audit/1"
@@ -103,14 +105,24 @@ class AuditReport:
 
     def as_dict(self) -> dict:
         """JSON-ready and stable: ``format``, ``passed``, the run's shape, ``checks`` in report order."""
-        return {"format": FORMAT, "passed": self.passed, "target": self.target, "samples": self.samples,
-                "epochs": self.epochs, "settings": self.settings, "loader": self.loader,
-                "checks": [{**asdict(c), "passed": c.passed} for c in self.checks], "findings": self.findings}
+        return {
+            "format": FORMAT,
+            "passed": self.passed,
+            "target": self.target,
+            "samples": self.samples,
+            "epochs": self.epochs,
+            "settings": self.settings,
+            "loader": self.loader,
+            "checks": [{**asdict(c), "passed": c.passed} for c in self.checks],
+            "findings": self.findings,
+        }
 
     def table(self) -> str:
         """One line per check: status, name, where, what was found."""
-        lines = [f"steadyfeed audit {self.target}: {self.samples} samples, {self.epochs} epoch(s) at "
-                 f"{', '.join(self.settings)}"]
+        lines = [
+            f"steadyfeed audit {self.target}: {self.samples} samples, {self.epochs} epoch(s) at "
+            f"{', '.join(self.settings)}"
+        ]
         for c in self.checks:
             where = ", ".join(filter(None, [c.setting, None if c.epoch is None else f"epoch {c.epoch}"]))
             lines.append(f"{c.status.upper():4}  {c.name:20} {where:26} {c.summary}")
@@ -225,9 +237,17 @@ class Measures:
         return sample
 
 
-def scan_source(loader: Loader, label_keys: Sequence[str], checks: Sequence[str] = (), *,
-                with_digests: bool = False, setting: tuple[int, str] = (0, "thread"), bar=None,
-                visit: Callable[[int, dict], None] | None = None, with_hashes: bool = False) -> SourceScan:
+def scan_source(
+    loader: Loader,
+    label_keys: Sequence[str],
+    checks: Sequence[str] = (),
+    *,
+    with_digests: bool = False,
+    setting: tuple[int, str] = (0, "thread"),
+    bar=None,
+    visit: Callable[[int, dict], None] | None = None,
+    with_hashes: bool = False,
+) -> SourceScan:
     """Read every sample of ``loader``'s source once, one id per read, so that what is recorded
     is ``source[id]`` even for a source whose batched read misplaces rows (see
     :func:`~steadyfeed.tools.spec.raw_loader`). ``visit(id, sample)`` sees every sample read;
@@ -236,8 +256,9 @@ def scan_source(loader: Loader, label_keys: Sequence[str], checks: Sequence[str]
     scan = SourceScan(n, read=np.zeros(n, bool), digests=np.zeros(n, "S16") if with_digests else None)
     assert scan.read is not None  # made just above
     scored = quality.image_checks(checks)
-    parts = ([image_quality.ScoreTransform(scored)] if scored else []) + \
-        ([near_duplicates.HashTransform()] if with_hashes else [])
+    parts = ([image_quality.ScoreTransform(scored)] if scored else []) + (
+        [near_duplicates.HashTransform()] if with_hashes else []
+    )
     transform = Measures(parts) if parts else None  # run by the workers
     with raw_loader(loader, batch_size=1, workers=setting[0], mode=setting[1], transform=transform) as raw:
         for batch in raw:
@@ -363,11 +384,21 @@ def _run_setting(loader: Loader, setting: tuple[int, str], epochs: int, observer
 
 
 # -- the audit -------------------------------------------------------------------------------------
-def audit(loader: Loader, *, epochs: int = 2, settings: Sequence[tuple[int, str]] = DEFAULT_SETTINGS,
-          check: Callable | None = None, against: Loader | None = None, label_keys: Sequence[str] = ("y",),
-          checks: Sequence[str] = (), drift_threshold: float = quality.DRIFT_THRESHOLD,
-          thresholds: dict[str, float] | None = None, near_duplicates: int | None = None,
-          target: str = "", progress: bool = False) -> AuditReport:
+def audit(
+    loader: Loader,
+    *,
+    epochs: int = 2,
+    settings: Sequence[tuple[int, str]] = DEFAULT_SETTINGS,
+    check: Callable | None = None,
+    against: Loader | None = None,
+    label_keys: Sequence[str] = ("y",),
+    checks: Sequence[str] = (),
+    drift_threshold: float = quality.DRIFT_THRESHOLD,
+    thresholds: dict[str, float] | None = None,
+    near_duplicates: int | None = None,
+    target: str = "",
+    progress: bool = False,
+) -> AuditReport:
     """Audit ``loader`` (see the module docstring); ``progress`` shows a tqdm bar on stderr;
     ``thresholds`` (image check -> value) replace the robust ones; ``near_duplicates`` (bits)
     looks for near-identical images within the split and across it and ``against``."""
@@ -379,13 +410,21 @@ def audit(loader: Loader, *, epochs: int = 2, settings: Sequence[tuple[int, str]
     total = n * (1 + len(settings) * epochs) + (len(against.source) if against is not None else 0)
     with progress_bar(total, "audit: reading the source", unit=" samples", enabled=progress) as bar:
         hashing = near_duplicates is not None
-        scan = scan_source(loader, label_keys, checks, with_digests=against is not None, setting=settings[0], bar=bar,
-                           with_hashes=hashing)
+        scan = scan_source(
+            loader,
+            label_keys,
+            checks,
+            with_digests=against is not None,
+            setting=settings[0],
+            bar=bar,
+            with_hashes=hashing,
+        )
         other = None
         if against is not None:
             bar.set_description("audit: reading --against")
-            other = scan_source(against, label_keys, with_digests=True, setting=settings[0], bar=bar,
-                                with_hashes=hashing)
+            other = scan_source(
+                against, label_keys, with_digests=True, setting=settings[0], bar=bar, with_hashes=hashing
+            )
         observer = _Observer(scan, label_keys, check)
         runs = {setting_label(*s): _run_setting(loader, s, epochs, observer, bar) for s in settings}
     findings = image_findings(scan, loader, label_keys, thresholds)
@@ -403,8 +442,7 @@ def audit(loader: Loader, *, epochs: int = 2, settings: Sequence[tuple[int, str]
         findings["duplicates"] = pairs
     if loader.excluded():
         findings["excluded"] = loader.excluded()
-    return AuditReport(target or repr(loader), len(loader.source), epochs, list(runs), repr(loader), results,
-                       findings)
+    return AuditReport(target or repr(loader), len(loader.source), epochs, list(runs), repr(loader), results, findings)
 
 
 # -- one function per check --------------------------------------------------------------------------
@@ -414,31 +452,47 @@ def _readable(scan: SourceScan, excluded: np.ndarray) -> CheckResult:
         return CheckResult("readable", PASS, f"all {scan.size} samples read without error")
     failing = [e for e in scan.failed if not np.isin(e["sample_id"], excluded)]
     if not failing:
-        return CheckResult("readable", PASS, f"{len(scan.failed)} sample(s) failed to read, all excluded by the "
-                           f"loader: ids {_shown(e['sample_id'] for e in scan.failed)}",
-                           details={"failed": scan.failed[:LISTED_IDS]})
+        return CheckResult(
+            "readable",
+            PASS,
+            f"{len(scan.failed)} sample(s) failed to read, all excluded by the "
+            f"loader: ids {_shown(e['sample_id'] for e in scan.failed)}",
+            details={"failed": scan.failed[:LISTED_IDS]},
+        )
     first = failing[0]
     where = f" ({first['location']})" if first["location"] else ""
-    return CheckResult("readable", FAIL, f"{len(failing)} sample(s) failed to read: ids "
-                       f"{_shown(e['sample_id'] for e in failing)}; first{where}: {first['error_type']}: "
-                       f"{first['message'].splitlines()[0] if first['message'] else ''}",
-                       details={"failed": scan.failed[:LISTED_IDS]})
+    return CheckResult(
+        "readable",
+        FAIL,
+        f"{len(failing)} sample(s) failed to read: ids "
+        f"{_shown(e['sample_id'] for e in failing)}; first{where}: {first['error_type']}: "
+        f"{first['message'].splitlines()[0] if first['message'] else ''}",
+        details={"failed": scan.failed[:LISTED_IDS]},
+    )
 
 
 def _quality(scan: SourceScan, checks: Sequence[str]) -> list[CheckResult]:
     out = []
     for name in (c for c in checks if c in quality.CHECKS):
         found = [p for p in scan.problems if p.check == name]
-        summary = (f"no sample fails {name!r}" if not found else
-                   f"{len({p.sample_id for p in found})} sample(s) fail: ids {_shown(p.sample_id for p in found)}; "
-                   f"first: {found[0]}")
-        out.append(CheckResult(f"quality:{name}", FAIL if found else PASS, summary,
-                               details={"problems": [p.as_dict() for p in found[:LISTED_IDS]]}))
+        summary = (
+            f"no sample fails {name!r}"
+            if not found
+            else f"{len({p.sample_id for p in found})} sample(s) fail: ids {_shown(p.sample_id for p in found)}; "
+            f"first: {found[0]}"
+        )
+        out.append(
+            CheckResult(
+                f"quality:{name}",
+                FAIL if found else PASS,
+                summary,
+                details={"problems": [p.as_dict() for p in found[:LISTED_IDS]]},
+            )
+        )
     return out
 
 
-def image_findings(scan: SourceScan, loader: Loader, label_keys: Sequence[str],
-                   given: dict[str, float] | None) -> dict:
+def image_findings(scan: SourceScan, loader: Loader, label_keys: Sequence[str], given: dict[str, float] | None) -> dict:
     """``{"quality": ...}`` from the scan's image scores (nothing when no image check ran):
     the image key scored most often is the one judged."""
     if not scan.scores:
@@ -447,8 +501,16 @@ def image_findings(scan: SourceScan, loader: Loader, label_keys: Sequence[str],
     key = max(sorted(counts), key=lambda k: counts[k])
     scores = {check: values for (k, check), values in scan.scores.items() if k == key}
     _, classes = scan.first_classes(label_keys)
-    return {"quality": image_quality.findings(np.arange(scan.size), scores, labels=classes, given=given, key=key,
-                                              locate=lambda i: locate(loader.source, i))}
+    return {
+        "quality": image_quality.findings(
+            np.arange(scan.size),
+            scores,
+            labels=classes,
+            given=given,
+            key=key,
+            locate=lambda i: locate(loader.source, i),
+        )
+    }
 
 
 def _hashed(scan: SourceScan) -> tuple[np.ndarray, np.ndarray]:
@@ -460,8 +522,9 @@ def _hashed(scan: SourceScan) -> tuple[np.ndarray, np.ndarray]:
     return ids, scan.hashes[key][ids]
 
 
-def duplicate_findings(scan: SourceScan, other: SourceScan | None, loader: Loader, against: Loader | None,
-                       max_distance: int) -> list[dict]:
+def duplicate_findings(
+    scan: SourceScan, other: SourceScan | None, loader: Loader, against: Loader | None, max_distance: int
+) -> list[dict]:
     """The ``"duplicates"`` section: pairs within the split, then pairs across it and ``other``."""
     ids, hashes = _hashed(scan)
     where = lambda i: locate(loader.source, i)  # noqa: E731 - a name for the findings' files
@@ -469,28 +532,46 @@ def duplicate_findings(scan: SourceScan, other: SourceScan | None, loader: Loade
     if other is not None:
         other_ids, other_hashes = _hashed(other)
         found += near_duplicates.findings(
-            ids, near_duplicates.find(hashes, other_hashes, max_distance), other_ids=other_ids, split_a="audited",
-            split_b="against", locate=where,
-            locate_other=None if against is None else lambda i: locate(against.source, i))
+            ids,
+            near_duplicates.find(hashes, other_hashes, max_distance),
+            other_ids=other_ids,
+            split_a="audited",
+            split_b="against",
+            locate=where,
+            locate_other=None if against is None else lambda i: locate(against.source, i),
+        )
     return found
 
 
-def _near_duplicates(pairs: list[dict], scan: SourceScan, other: SourceScan | None,
-                     max_distance: int) -> list[CheckResult]:
+def _near_duplicates(
+    pairs: list[dict], scan: SourceScan, other: SourceScan | None, max_distance: int
+) -> list[CheckResult]:
     out = []
-    for name, across, what in (("near_duplicates", False, "within the split"),
-                               ("near_contamination", True, "across the split and --against")):
+    for name, across, what in (
+        ("near_duplicates", False, "within the split"),
+        ("near_contamination", True, "across the split and --against"),
+    ):
         if across and other is None:
             continue
         mine = [p for p in pairs if ("split_b" in p) == across]
         hashed = int(sum(h.sum() for h in scan.hashed.values()))
         shown = "; ".join(f"{p['a']}~{p['b']} ({p['distance']} bits)" for p in mine[:SHOWN_IDS])
-        summary = (f"{len(mine)} pair(s) of near-identical images {what} (within {max_distance} bits): {shown}"
-                   f"{' ...' if len(mine) > SHOWN_IDS else ''}" if mine else
-                   f"no two images {what} within {max_distance} bits ({hashed} hashed)" if hashed else
-                   "no image to hash")
-        out.append(CheckResult(name, FAIL if mine else PASS if hashed else SKIP, summary,
-                               details={"max_distance": max_distance, "pairs": mine[:LISTED_IDS], "count": len(mine)}))
+        summary = (
+            f"{len(mine)} pair(s) of near-identical images {what} (within {max_distance} bits): {shown}"
+            f"{' ...' if len(mine) > SHOWN_IDS else ''}"
+            if mine
+            else f"no two images {what} within {max_distance} bits ({hashed} hashed)"
+            if hashed
+            else "no image to hash"
+        )
+        out.append(
+            CheckResult(
+                name,
+                FAIL if mine else PASS if hashed else SKIP,
+                summary,
+                details={"max_distance": max_distance, "pairs": mine[:LISTED_IDS], "count": len(mine)},
+            )
+        )
     return out
 
 
@@ -498,13 +579,22 @@ def _image_quality(findings: dict) -> list[CheckResult]:
     out = []
     for name, check in findings.get("quality", {}).get("checks", {}).items():
         flagged, side = check["flagged"], "below" if check["direction"] == "low" else "above"
-        summary = (f"{len(flagged)} of {check['scored']} images {side} the {check['source']} threshold "
-                   f"{check['threshold']:.4g} (median {check['median']:.4g})" if check["scored"] else
-                   "no image was scored")
+        summary = (
+            f"{len(flagged)} of {check['scored']} images {side} the {check['source']} threshold "
+            f"{check['threshold']:.4g} (median {check['median']:.4g})"
+            if check["scored"]
+            else "no image was scored"
+        )
         if flagged:
             summary += f": ids {_shown(f['id'] for f in flagged)}"
-        out.append(CheckResult(f"quality:{name}", FAIL if flagged else PASS if check["scored"] else SKIP, summary,
-                               details={k: v if k != "flagged" else v[:LISTED_IDS] for k, v in check.items()}))
+        out.append(
+            CheckResult(
+                f"quality:{name}",
+                FAIL if flagged else PASS if check["scored"] else SKIP,
+                summary,
+                details={k: v if k != "flagged" else v[:LISTED_IDS] for k, v in check.items()},
+            )
+        )
     return out
 
 
@@ -522,29 +612,55 @@ def _delivery(rec: EpochRecord, loader: Loader, setting: str) -> CheckResult:
     counts = np.bincount(ids[(ids >= 0) & (ids < n)], minlength=n)
     excluded = loader.excluded_ids(rec.epoch)
     excluded_delivered = excluded[counts[excluded] > 0]
-    details = {"delivered": int(len(ids)), "out_of_range": _idlist(out_of_range), "skipped": _idlist(rec.skipped),
-               "excluded": _idlist(excluded), "error": rec.error}
+    details = {
+        "delivered": int(len(ids)),
+        "out_of_range": _idlist(out_of_range),
+        "skipped": _idlist(rec.skipped),
+        "excluded": _idlist(excluded),
+        "error": rec.error,
+    }
     if isinstance(loader.sampler, WeightedSampler):
-        problems = _problems(out_of_range=out_of_range, excluded_but_delivered=excluded_delivered,
-                             skipped=rec.skipped, error=rec.error)
-        return CheckResult("ids_in_range", FAIL if problems else PASS, problems or
-                           f"{len(ids)} ids, all in range (weighted sampler: repeats and omissions are by design)",
-                           setting, rec.epoch, details)
+        problems = _problems(
+            out_of_range=out_of_range, excluded_but_delivered=excluded_delivered, skipped=rec.skipped, error=rec.error
+        )
+        return CheckResult(
+            "ids_in_range",
+            FAIL if problems else PASS,
+            problems or f"{len(ids)} ids, all in range (weighted sampler: repeats and omissions are by design)",
+            setting,
+            rec.epoch,
+            details,
+        )
     expected = expected_count(n - len(excluded), read.batch_size, loader.config.sharding.shard_count, read.last_batch)
     dropping = read.last_batch == "drop"
     duplicated = np.flatnonzero(counts > 1)
-    missing: Sequence[int] | np.ndarray = ([] if dropping or rec.error else
-                                           np.setdiff1d(np.flatnonzero(counts == 0), np.union1d(rec.skipped, excluded)))
+    missing: Sequence[int] | np.ndarray = (
+        [] if dropping or rec.error else np.setdiff1d(np.flatnonzero(counts == 0), np.union1d(rec.skipped, excluded))
+    )
     details.update(expected=expected, duplicated=_idlist(duplicated), missing=_idlist(missing))
     problems = _problems(
-        missing=missing, duplicated=duplicated, excluded_but_delivered=excluded_delivered,
-        out_of_range=out_of_range, skipped=rec.skipped, error=rec.error,
-        count=(f"{len(ids)} delivered, the drop rule keeps {expected}"
-               if dropping and len(ids) != expected and not rec.error else None))
+        missing=missing,
+        duplicated=duplicated,
+        excluded_but_delivered=excluded_delivered,
+        out_of_range=out_of_range,
+        skipped=rec.skipped,
+        error=rec.error,
+        count=(
+            f"{len(ids)} delivered, the drop rule keeps {expected}"
+            if dropping and len(ids) != expected and not rec.error
+            else None
+        ),
+    )
     kept = f", {n - len(excluded) - expected} dropped by last_batch='drop'" if dropping else ""
     kept += f", {len(excluded)} excluded" if len(excluded) else ""
-    return CheckResult("exactly_once", FAIL if problems else PASS, problems or f"{len(ids)} ids, each once{kept}",
-                       setting, rec.epoch, details)
+    return CheckResult(
+        "exactly_once",
+        FAIL if problems else PASS,
+        problems or f"{len(ids)} ids, each once{kept}",
+        setting,
+        rec.epoch,
+        details,
+    )
 
 
 def _problems(*, error=None, count=None, **id_lists) -> str:
@@ -570,11 +686,20 @@ def _reproducible(runs: dict[str, list[EpochRecord]]) -> CheckResult:
                 differ.append({"epoch": e, "setting": label, "reference": labels[0]})
     if differ:
         shown = "; ".join(f"epoch {d['epoch']}: {d['setting']} differs from {d['reference']}" for d in differ[:4])
-        return CheckResult("reproducible", FAIL, f"{shown}{' ...' if len(differ) > 4 else ''} (a transform that "
-                           "uses global randomness instead of its rng?)", details={"differ": differ})
-    return CheckResult("reproducible", PASS if compared else SKIP,
-                       f"every epoch bit-identical at all {len(labels)} settings" if compared
-                       else "no epoch completed at two settings", details={"differ": []})
+        return CheckResult(
+            "reproducible",
+            FAIL,
+            f"{shown}{' ...' if len(differ) > 4 else ''} (a transform that uses global randomness instead of its rng?)",
+            details={"differ": differ},
+        )
+    return CheckResult(
+        "reproducible",
+        PASS if compared else SKIP,
+        f"every epoch bit-identical at all {len(labels)} settings"
+        if compared
+        else "no epoch completed at two settings",
+        details={"differ": []},
+    )
 
 
 def _where(runs: dict[str, list[EpochRecord]], has: Callable[[EpochRecord], Any]) -> tuple[set, list[str]]:
@@ -598,10 +723,16 @@ def _pairing(runs: dict[str, list[EpochRecord]], present: list[str], label_keys:
     if not rows:
         return CheckResult("pairing", SKIP, "no row was delivered", details=details)
     if ids:
-        return CheckResult("pairing", FAIL, f"{len(ids)} sample(s) delivered with other labels than source[id]'s "
-                           f"({', '.join(present)}): ids {_shown(ids)}; in {', '.join(where[:3])}", details=details)
-    return CheckResult("pairing", PASS, f"{', '.join(present)} of all {rows} delivered rows equal source[id]'s",
-                       details=details)
+        return CheckResult(
+            "pairing",
+            FAIL,
+            f"{len(ids)} sample(s) delivered with other labels than source[id]'s "
+            f"({', '.join(present)}): ids {_shown(ids)}; in {', '.join(where[:3])}",
+            details=details,
+        )
+    return CheckResult(
+        "pairing", PASS, f"{', '.join(present)} of all {rows} delivered rows equal source[id]'s", details=details
+    )
 
 
 def _checked(runs: dict[str, list[EpochRecord]], name: str) -> CheckResult:
@@ -610,27 +741,37 @@ def _checked(runs: dict[str, list[EpochRecord]], name: str) -> CheckResult:
     details = {"function": name, "failed": _idlist(ids), "where": where, "error": error}
     if ids or error:
         said = f"; the check raised {error}" if error else ""
-        return CheckResult("check", FAIL, f"{name}: {len(ids)} sample(s) fail: ids {_shown(ids)}{said}",
-                           details=details)
+        return CheckResult(
+            "check", FAIL, f"{name}: {len(ids)} sample(s) fail: ids {_shown(ids)}{said}", details=details
+        )
     return CheckResult("check", PASS, f"{name}: every delivered row passes", details=details)
 
 
 def _epoch_drift(records: list[EpochRecord], threshold: float) -> CheckResult:
     done = [r for r in records if r.error is None]
-    why = (f"needs 2+ completed epochs, {len(done)} completed" if len(done) < 2 else
-           "the labels are not categorical (integer, bool or string classes, or one-hot rows)"
-           if not all(r.categorical for r in done) else
-           "no label key was delivered" if not done[0].labels else None)
+    why = (
+        f"needs 2+ completed epochs, {len(done)} completed"
+        if len(done) < 2
+        else "the labels are not categorical (integer, bool or string classes, or one-hot rows)"
+        if not all(r.categorical for r in done)
+        else "no label key was delivered"
+        if not done[0].labels
+        else None
+    )
     if why is not None:
         return CheckResult("label_drift_epochs", SKIP, why)
     records = done
     distances = {r.epoch: quality.total_variation(records[0].labels, r.labels) for r in records[1:]}
     worst = max(distances, key=lambda epoch: distances[epoch])
     status = FAIL if distances[worst] > threshold else PASS
-    return CheckResult("label_drift_epochs", status, f"largest total variation from epoch {records[0].epoch}: "
-                       f"{distances[worst]:.3f} "
-                       f"(epoch {worst}), threshold {threshold}",
-                       details={"distances": distances, "threshold": threshold})
+    return CheckResult(
+        "label_drift_epochs",
+        status,
+        f"largest total variation from epoch {records[0].epoch}: "
+        f"{distances[worst]:.3f} "
+        f"(epoch {worst}), threshold {threshold}",
+        details={"distances": distances, "threshold": threshold},
+    )
 
 
 def _split_drift(scan: SourceScan, other: SourceScan, label_keys: Sequence[str], threshold: float) -> CheckResult:
@@ -640,11 +781,18 @@ def _split_drift(scan: SourceScan, other: SourceScan, label_keys: Sequence[str],
     mine, theirs = scan.classes(key), other.classes(key)
     assert mine is not None and theirs is not None  # the key was chosen for having both
     distance = quality.total_variation(mine, theirs)
-    return CheckResult("label_drift_splits", FAIL if distance > threshold else PASS,
-                       f"total variation between the {key!r} histograms: {distance:.3f}, threshold {threshold}",
-                       details={"key": key, "distance": distance, "threshold": threshold,
-                                "histogram": {str(k): v for k, v in sorted(mine.items(), key=str)},
-                                "against_histogram": {str(k): v for k, v in sorted(theirs.items(), key=str)}})
+    return CheckResult(
+        "label_drift_splits",
+        FAIL if distance > threshold else PASS,
+        f"total variation between the {key!r} histograms: {distance:.3f}, threshold {threshold}",
+        details={
+            "key": key,
+            "distance": distance,
+            "threshold": threshold,
+            "histogram": {str(k): v for k, v in sorted(mine.items(), key=str)},
+            "against_histogram": {str(k): v for k, v in sorted(theirs.items(), key=str)},
+        },
+    )
 
 
 def _contamination(scan: SourceScan, other: SourceScan) -> CheckResult:
@@ -656,7 +804,16 @@ def _contamination(scan: SourceScan, other: SourceScan) -> CheckResult:
     other_ids = np.flatnonzero(other.read & np.isin(other.digests, shared))
     details = {"ids": _idlist(ids), "against_ids": _idlist(other_ids)}
     if len(shared):
-        return CheckResult("contamination", FAIL, f"{len(ids)} sample(s) share their content with {len(other_ids)} "
-                           f"of the other split: ids {_shown(ids)} ~ against ids {_shown(other_ids)}", details=details)
-    return CheckResult("contamination", PASS, f"no content shared between the {int(scan.read.sum())} and "
-                       f"{int(other.read.sum())} samples read", details=details)
+        return CheckResult(
+            "contamination",
+            FAIL,
+            f"{len(ids)} sample(s) share their content with {len(other_ids)} "
+            f"of the other split: ids {_shown(ids)} ~ against ids {_shown(other_ids)}",
+            details=details,
+        )
+    return CheckResult(
+        "contamination",
+        PASS,
+        f"no content shared between the {int(scan.read.sum())} and {int(other.read.sum())} samples read",
+        details=details,
+    )

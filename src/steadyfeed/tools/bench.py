@@ -34,13 +34,14 @@ simulated training step, ``consumer_ms``) happen in the consumer (their share is
 reports decoding separately, so ``read`` includes decoding. With ``workers=0`` the worker
 stages run inside the consumer's ``wait``.
 """
+
 from __future__ import annotations
 
 import contextlib
 import threading
 import time
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Generator, Iterable, Iterator
 
 import psutil
 
@@ -138,7 +139,7 @@ class PeakMemory:
         while not self._stop.wait(self.interval):
             self._sample()
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         self._sample()
         self._thread.start()
         return self
@@ -208,7 +209,7 @@ class Measurement:
         median = self.samples_per_second
         return (self.fastest - self.slowest) / median if median > 0 else 0.0
 
-    def beats(self, other: "Measurement") -> bool:
+    def beats(self, other: Measurement) -> bool:
         """Faster in every run than ``other`` in any, by more than NEAR_FASTEST."""
         return self.slowest > (1 + NEAR_FASTEST) * other.fastest
 
@@ -244,17 +245,25 @@ class Measurement:
             "skipped": self.skipped,
             "first_batch_seconds": self.first_batch_seconds,
             "stages": {
-                stage: {"seconds": seconds, "share": self.share(stage),
-                        "side": "consumer" if stage in CONSUMER_SIDE else "workers"}
+                stage: {
+                    "seconds": seconds,
+                    "share": self.share(stage),
+                    "side": "consumer" if stage in CONSUMER_SIDE else "workers",
+                }
                 for stage, seconds in self.stage_seconds.items()
             },
-            "queue": {"prefetch": self.prefetch, "fill_mean": self.fill_mean, "fill_max": self.fill_max,
-                      "timeline": [list(point) for point in self.timeline]},
+            "queue": {
+                "prefetch": self.prefetch,
+                "fill_mean": self.fill_mean,
+                "fill_max": self.fill_max,
+                "timeline": [list(point) for point in self.timeline],
+            },
             "cpu_seconds": self.cpu_seconds,
             "cpu_cores": self.cpu_cores,
             "peak_rss_bytes": self.peak_rss_bytes,
-            "bottleneck": None if self.diagnosis is None else {"kind": self.diagnosis.kind,
-                                                               "reason": self.diagnosis.reason},
+            "bottleneck": None
+            if self.diagnosis is None
+            else {"kind": self.diagnosis.kind, "reason": self.diagnosis.reason},
         }
 
 
@@ -284,8 +293,11 @@ def _window(m: Measurement, start: _Mark, end: _Mark, step_seconds: float) -> No
     m.cpu_seconds = end.cpu - start.cpu
     m.batches, m.inline_batches, m.samples = delta["batches"], delta["inline_batches"], delta["samples"]
     m.skipped = delta["skipped"]
-    m.stage_seconds.update({stage: delta["stage_seconds"].get(stage, 0.0) for stage in STAGES},
-                           wait=delta["wait_seconds"], step=step_seconds)
+    m.stage_seconds.update(
+        {stage: delta["stage_seconds"].get(stage, 0.0) for stage in STAGES},
+        wait=delta["wait_seconds"],
+        step=step_seconds,
+    )
     # the window's points, in seconds since it opened: every setting's timeline starts at 0
     opened = before["queue_fill_timeline"][-1][0] if before["queue_fill_timeline"] else 0.0
     m.timeline = [(t - opened, ready) for t, ready in after["queue_fill_timeline"] if t > opened]
@@ -293,8 +305,16 @@ def _window(m: Measurement, start: _Mark, end: _Mark, step_seconds: float) -> No
     m.fill_max = max((ready for _, ready in m.timeline), default=0)
 
 
-def measure(loader, setting: Setting, *, epochs: int = 1, max_batches: int | None = None, warmup: int = 2,
-            consumer_ms: float = 0.0, on_batch: Callable[[Setting], None] | None = None) -> Measurement:
+def measure(
+    loader,
+    setting: Setting,
+    *,
+    epochs: int = 1,
+    max_batches: int | None = None,
+    warmup: int = 2,
+    consumer_ms: float = 0.0,
+    on_batch: Callable[[Setting], None] | None = None,
+) -> Measurement:
     """Run ``setting`` on a copy of ``loader`` and measure it; never raises for a failing
     setting (the error is in ``Measurement.error``; an ``Exception`` from ``on_batch`` counts
     as one too, a ``KeyboardInterrupt`` stops the run).
@@ -309,8 +329,15 @@ def measure(loader, setting: Setting, *, epochs: int = 1, max_batches: int | Non
             inline = {"timeout": None} if setting.workers == 0 else {}
             with loader.replace(workers=setting.workers, mode=setting.mode, **inline) as variant:
                 m.prefetch = variant.config.execution.effective_prefetch
-                _drive(variant, m, epochs=epochs, max_batches=max_batches, warmup=warmup,
-                       consumer_ms=consumer_ms, on_batch=on_batch or (lambda s: None))
+                _drive(
+                    variant,
+                    m,
+                    epochs=epochs,
+                    max_batches=max_batches,
+                    warmup=warmup,
+                    consumer_ms=consumer_ms,
+                    on_batch=on_batch or (lambda s: None),
+                )
         except Exception as exc:  # noqa: BLE001 - a failing setting is reported; the others still run
             m.error = one_line(exc)  # the type and first line: a SampleError's names the sample
     m.peak_rss_bytes = peak.bytes
@@ -343,8 +370,10 @@ def _drive(variant, m: Measurement, *, epochs, max_batches, warmup, consumer_ms,
                 break
         end = _mark(variant)  # before closing: stopping the workers is not part of the window
     if start is None or taken <= m.warmup_batches:
-        raise ValueError(f"only {taken} batch(es) in {epochs} epoch(s), none left after {warmup} warm-up "
-                         "batch(es): lower warmup or run more epochs")
+        raise ValueError(
+            f"only {taken} batch(es) in {epochs} epoch(s), none left after {warmup} warm-up "
+            "batch(es): lower warmup or run more epochs"
+        )
     _window(m, start, end, step_seconds)
 
 
@@ -359,8 +388,10 @@ def _consumer_work(m: Measurement) -> str:
     own per-batch work in the consumer's thread (handing out batches, transport)."""
     if m.share("step") >= 0.5:
         return f"the consumer (your training step, {m.share('step'):.0%} of the time)"
-    return ("the consumer thread's per-batch work (handing out batches, transport "
-            f"{m.share('transport'):.0%}; larger batches amortise it)")
+    return (
+        "the consumer thread's per-batch work (handing out batches, transport "
+        f"{m.share('transport'):.0%}; larger batches amortise it)"
+    )
 
 
 def diagnose(m: Measurement) -> Diagnosis:
@@ -369,21 +400,39 @@ def diagnose(m: Measurement) -> Diagnosis:
     queue = f"mean {m.fill_mean:.1f} of prefetch {m.prefetch}"
     if m.setting.workers == 0:
         if wait >= PRODUCER_BOUND_WAIT:
-            return Diagnosis("producers", f"loading runs in the consumer's thread and takes {wait:.0%} of the "
-                                          f"time; {_busiest_worker_stage(m)}: use workers", m.setting)
-        return Diagnosis("consumer", f"loading takes only {wait:.0%} of the time in the consumer's thread: "
-                                     f"{_consumer_work(m)} is the bottleneck", m.setting)
+            return Diagnosis(
+                "producers",
+                f"loading runs in the consumer's thread and takes {wait:.0%} of the "
+                f"time; {_busiest_worker_stage(m)}: use workers",
+                m.setting,
+            )
+        return Diagnosis(
+            "consumer",
+            f"loading takes only {wait:.0%} of the time in the consumer's thread: "
+            f"{_consumer_work(m)} is the bottleneck",
+            m.setting,
+        )
     if wait >= PRODUCER_BOUND_WAIT:
-        reason = (f"consumer waits {wait:.0%} of the time and the queue is nearly empty ({queue}): the producers "
-                  f"are the bottleneck; {_busiest_worker_stage(m)}")
+        reason = (
+            f"consumer waits {wait:.0%} of the time and the queue is nearly empty ({queue}): the producers "
+            f"are the bottleneck; {_busiest_worker_stage(m)}"
+        )
         if m.share("transport") >= 0.2:
             reason += f"; copying batches out of shared memory takes {m.share('transport'):.0%} of the time"
         return Diagnosis("producers", reason, m.setting)
     if wait < CONSUMER_BOUND_WAIT:
-        return Diagnosis("consumer", f"queue stays full ({queue}) and the consumer waits only {wait:.0%} of the "
-                                     f"time: {_consumer_work(m)} is the bottleneck", m.setting)
-    return Diagnosis("balanced", f"consumer waits {wait:.0%} of the time ({queue}): loading and the consumer "
-                                 f"are close; {_busiest_worker_stage(m)}", m.setting)
+        return Diagnosis(
+            "consumer",
+            f"queue stays full ({queue}) and the consumer waits only {wait:.0%} of the "
+            f"time: {_consumer_work(m)} is the bottleneck",
+            m.setting,
+        )
+    return Diagnosis(
+        "balanced",
+        f"consumer waits {wait:.0%} of the time ({queue}): loading and the consumer "
+        f"are close; {_busiest_worker_stage(m)}",
+        m.setting,
+    )
 
 
 def gil_limited(measurements: list[Measurement]) -> Diagnosis | None:
@@ -393,15 +442,27 @@ def gil_limited(measurements: list[Measurement]) -> Diagnosis | None:
     base = ok.get(Setting(1, "thread")) or ok.get(Setting(0, "thread"))
     if base is None:
         return None
-    for m in sorted((m for m in ok.values() if m.setting.mode == "thread" and m.setting.workers >= 2),
-                    key=lambda m: m.setting.workers, reverse=True):
+    for m in sorted(
+        (m for m in ok.values() if m.setting.mode == "thread" and m.setting.workers >= 2),
+        key=lambda m: m.setting.workers,
+        reverse=True,
+    ):
         stuck = m.samples_per_second < GIL_MIN_SPEEDUP * base.samples_per_second
-        if (m.diagnosis is not None and m.diagnosis.kind == "producers" and stuck
-                and m.cpu_cores is not None and m.cpu_cores < GIL_MAX_CORES):
-            return Diagnosis("gil", f"GIL: thread workers do not scale beyond {max(base.setting.workers, 1)} "
-                                    f"({m.setting.label}: {m.samples_per_second:,.0f} samples/s, {base.setting.label}: "
-                                    f"{base.samples_per_second:,.0f}) while CPU < {GIL_MAX_CORES} cores "
-                                    f"({m.cpu_cores:.2f}): {_process_advice(m, ok.values())}", m.setting)
+        if (
+            m.diagnosis is not None
+            and m.diagnosis.kind == "producers"
+            and stuck
+            and m.cpu_cores is not None
+            and m.cpu_cores < GIL_MAX_CORES
+        ):
+            return Diagnosis(
+                "gil",
+                f"GIL: thread workers do not scale beyond {max(base.setting.workers, 1)} "
+                f"({m.setting.label}: {m.samples_per_second:,.0f} samples/s, {base.setting.label}: "
+                f"{base.samples_per_second:,.0f}) while CPU < {GIL_MAX_CORES} cores "
+                f"({m.cpu_cores:.2f}): {_process_advice(m, ok.values())}",
+                m.setting,
+            )
     return None
 
 
@@ -413,8 +474,10 @@ def _process_advice(threads: Measurement, ok: Iterable[Measurement]) -> str:
     best = max(processes, key=lambda m: m.samples_per_second)
     if best.samples_per_second > threads.samples_per_second:
         return f"use mode='process' ({best.setting.label}: {best.samples_per_second:,.0f} samples/s)"
-    return (f"process workers were no faster here ({best.setting.label}: {best.samples_per_second:,.0f} samples/s): "
-            "the per-batch cost of processes outweighs the work; try larger batches with mode='process'")
+    return (
+        f"process workers were no faster here ({best.setting.label}: {best.samples_per_second:,.0f} samples/s): "
+        "the per-batch cost of processes outweighs the work; try larger batches with mode='process'"
+    )
 
 
 @dataclass
@@ -430,8 +493,11 @@ class Recommendation:
 
 
 def _runs_text(m: Measurement) -> str:
-    return (f"{m.samples_per_second:,.0f} samples/s" if len(m.runs) < 2 else
-            f"{m.samples_per_second:,.0f} samples/s, runs {m.slowest:,.0f}-{m.fastest:,.0f}")
+    return (
+        f"{m.samples_per_second:,.0f} samples/s"
+        if len(m.runs) < 2
+        else f"{m.samples_per_second:,.0f} samples/s, runs {m.slowest:,.0f}-{m.fastest:,.0f}"
+    )
 
 
 def recommend(measurements: list[Measurement]) -> Recommendation | None:
@@ -444,14 +510,16 @@ def recommend(measurements: list[Measurement]) -> Recommendation | None:
     fastest = max(ok, key=lambda m: m.samples_per_second)
     tied = sorted((m for m in ok if m is fastest or not fastest.beats(m)), key=lambda m: m.setting.cost)
     if len(tied) == 1:
-        others = "" if len(ok) == 1 else (f", faster in every run than any other setting by more than "
-                                          f"{NEAR_FASTEST:.0%}")
-        return Recommendation(fastest.setting, fastest.samples_per_second,
-                              f"fastest ({_runs_text(fastest)}){others}")
+        others = (
+            "" if len(ok) == 1 else (f", faster in every run than any other setting by more than {NEAR_FASTEST:.0%}")
+        )
+        return Recommendation(fastest.setting, fastest.samples_per_second, f"fastest ({_runs_text(fastest)}){others}")
     cheapest = tied[0]
     listed = "; ".join(f"{m.setting.label}: {_runs_text(m)}" for m in tied)
-    reason = (f"{len(tied)} settings tie: the fastest does not beat them by more than the spread of their runs "
-              f"(and {NEAR_FASTEST:.0%}) ({listed}); any of them will do, the cheapest is {cheapest.setting.label}")
+    reason = (
+        f"{len(tied)} settings tie: the fastest does not beat them by more than the spread of their runs "
+        f"(and {NEAR_FASTEST:.0%}) ({listed}); any of them will do, the cheapest is {cheapest.setting.label}"
+    )
     return Recommendation(cheapest.setting, cheapest.samples_per_second, reason, "tie", [m.setting for m in tied])
 
 
@@ -475,19 +543,39 @@ class Report:
             **self.options,
             "read_includes_decode": READ_INCLUDES_DECODE,
             "settings": [m.as_dict() for m in self.measurements],
-            "bottleneck": None if neck is None else {"kind": neck.kind,
-                                                     "setting": None if neck.setting is None else neck.setting.label,
-                                                     "reason": neck.reason},
-            "recommendation": None if rec is None else {
-                "verdict": rec.verdict, "label": rec.setting.label, "workers": rec.setting.workers,
-                "mode": rec.setting.mode, "samples_per_second": rec.samples_per_second,
-                "tied": [s.label for s in rec.tied], "reason": rec.reason},
+            "bottleneck": None
+            if neck is None
+            else {
+                "kind": neck.kind,
+                "setting": None if neck.setting is None else neck.setting.label,
+                "reason": neck.reason,
+            },
+            "recommendation": None
+            if rec is None
+            else {
+                "verdict": rec.verdict,
+                "label": rec.setting.label,
+                "workers": rec.setting.workers,
+                "mode": rec.setting.mode,
+                "samples_per_second": rec.samples_per_second,
+                "tied": [s.label for s in rec.tied],
+                "reason": rec.reason,
+            },
         }
 
 
-def bench(loader, settings: list[Setting], *, epochs: int = 1, max_batches: int | None = None, warmup: int = 2,
-          consumer_ms: float = 0.0, repeat: int = 1, on_batch: Callable[[Setting], None] | None = None,
-          on_run: Callable[[Setting, int], None] | None = None) -> Report:
+def bench(
+    loader,
+    settings: list[Setting],
+    *,
+    epochs: int = 1,
+    max_batches: int | None = None,
+    warmup: int = 2,
+    consumer_ms: float = 0.0,
+    repeat: int = 1,
+    on_batch: Callable[[Setting], None] | None = None,
+    on_run: Callable[[Setting, int], None] | None = None,
+) -> Report:
     """Measure every setting ``repeat`` times, in turns (see ``measure``; ``on_run(setting,
     round)`` is called before each run), then diagnose and recommend."""
     if repeat < 1:
@@ -499,8 +587,17 @@ def bench(loader, settings: list[Setting], *, epochs: int = 1, max_batches: int 
                 continue  # a setting that failed once is reported with that error
             if on_run is not None:
                 on_run(setting, round_)
-            runs[setting].append(measure(loader, setting, epochs=epochs, max_batches=max_batches, warmup=warmup,
-                                         consumer_ms=consumer_ms, on_batch=on_batch))
+            runs[setting].append(
+                measure(
+                    loader,
+                    setting,
+                    epochs=epochs,
+                    max_batches=max_batches,
+                    warmup=warmup,
+                    consumer_ms=consumer_ms,
+                    on_batch=on_batch,
+                )
+            )
     measurements = [_combined(found) for found in runs.values()]
     for m in measurements:
         m.diagnosis = diagnose(m) if m.ok else None
@@ -508,8 +605,15 @@ def bench(loader, settings: list[Setting], *, epochs: int = 1, max_batches: int 
     bottleneck = gil_limited(measurements)
     if bottleneck is None and recommendation is not None:
         bottleneck = next(m.diagnosis for m in measurements if m.setting == recommendation.setting)
-    options = {"source": repr(loader.source), "batch_size": loader.config.read.batch_size, "epochs": epochs,
-               "max_batches": max_batches, "warmup_batches": warmup, "consumer_ms": consumer_ms, "repeat": repeat}
+    options = {
+        "source": repr(loader.source),
+        "batch_size": loader.config.read.batch_size,
+        "epochs": epochs,
+        "max_batches": max_batches,
+        "warmup_batches": warmup,
+        "consumer_ms": consumer_ms,
+        "repeat": repeat,
+    }
     return Report(measurements, recommendation, bottleneck, options)
 
 

@@ -19,6 +19,7 @@ Prints a table (``--json``: the report as JSON, stable keys, format ``steadyfeed
 progress goes to stderr. Exit code 0 when every setting ran, 1 when one failed (its error is
 in the report; the other settings still run), 2 on a usage error (bad flags or SPEC).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,14 +27,16 @@ import json
 import os
 
 from ..config import MODES
-from . import bench as benchmark
 from ..progress import progress_bar
+from . import bench as benchmark
 from .spec import SpecError, add_spec_arguments, loader_from_args, usage_error
 from .tables import table
 
 HELP = "measure a loader over workers x mode: throughput, latency, stages, queue, CPU, memory; name the bottleneck"
-EXIT_CODES = ("exit codes: 0 every setting ran; 1 a setting failed (its error is in the report; the others "
-              "still run); 2 a usage error (bad flags, a SPEC that does not load)")
+EXIT_CODES = (
+    "exit codes: 0 every setting ran; 1 a setting failed (its error is in the report; the others "
+    "still run); 2 a usage error (bad flags, a SPEC that does not load)"
+)
 BYTES_PER_MB = 1 << 20
 
 
@@ -64,6 +67,7 @@ def _at_least(low, kind=int):
         if value < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
         return value
+
     return parse
 
 
@@ -71,23 +75,55 @@ def add_arguments(parser) -> None:
     add_spec_arguments(parser, exclude=("workers", "mode"))  # the grid's --workers and --modes replace them
     grid = parser.add_argument_group("grid (replaces the spec's workers and mode)")
     # dests unlike the loader flags': spec.loader_options() reads args.workers / args.mode when present
-    grid.add_argument("--workers", dest="grid_workers", type=_int_list, default=[0, 1, 2], metavar="N,N,...",
-                      help="worker counts to try (default 0,1,2; 0 runs in the consumer's thread, once)")
-    grid.add_argument("--modes", dest="grid_modes", type=_mode_list, default=list(MODES), metavar="MODE,...",
-                      help="worker kinds to try (default thread,process)")
+    grid.add_argument(
+        "--workers",
+        dest="grid_workers",
+        type=_int_list,
+        default=[0, 1, 2],
+        metavar="N,N,...",
+        help="worker counts to try (default 0,1,2; 0 runs in the consumer's thread, once)",
+    )
+    grid.add_argument(
+        "--modes",
+        dest="grid_modes",
+        type=_mode_list,
+        default=list(MODES),
+        metavar="MODE,...",
+        help="worker kinds to try (default thread,process)",
+    )
     run = parser.add_argument_group("how long, and the consumer")
     run.add_argument("--epochs", type=_at_least(1), default=1, metavar="N", help="epochs per setting (default 1)")
-    run.add_argument("--max-batches", type=_at_least(0), default=100, metavar="N",
-                     help="measured batches per setting, after warm-up (default %(default)s; 0: whole epochs)")
-    run.add_argument("--warmup", type=_at_least(0), default=2, metavar="N",
-                     help="batches left out of the measurements (default %(default)s), and after them any while "
-                          "the loader decides whether workers or the consumer make batches; first-batch latency, "
-                          "worker start-up included, is reported on its own")
-    run.add_argument("--consumer-ms", type=_at_least(0, float), default=0.0, metavar="MS",
-                     help="sleep MS after each batch, standing in for a training step (default 0)")
-    run.add_argument("--repeat", type=_at_least(1), default=3, metavar="N",
-                     help="runs per setting, taken in turns (default %(default)s): the report shows their median "
-                          "and spread, and recommends a setting only when it beats the others by more than that")
+    run.add_argument(
+        "--max-batches",
+        type=_at_least(0),
+        default=100,
+        metavar="N",
+        help="measured batches per setting, after warm-up (default %(default)s; 0: whole epochs)",
+    )
+    run.add_argument(
+        "--warmup",
+        type=_at_least(0),
+        default=2,
+        metavar="N",
+        help="batches left out of the measurements (default %(default)s), and after them any while "
+        "the loader decides whether workers or the consumer make batches; first-batch latency, "
+        "worker start-up included, is reported on its own",
+    )
+    run.add_argument(
+        "--consumer-ms",
+        type=_at_least(0, float),
+        default=0.0,
+        metavar="MS",
+        help="sleep MS after each batch, standing in for a training step (default 0)",
+    )
+    run.add_argument(
+        "--repeat",
+        type=_at_least(1),
+        default=3,
+        metavar="N",
+        help="runs per setting, taken in turns (default %(default)s): the report shows their median "
+        "and spread, and recommends a setting only when it beats the others by more than that",
+    )
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the report as JSON (stable keys)")
     out.add_argument("--plot", metavar="PNG", help="draw throughput per setting and queue fill over time to PNG")
@@ -106,6 +142,7 @@ def run(args) -> int:
         report = _run_grid(loader, settings, args).as_dict()
     if args.plot:
         from .plots import save_bench_plot
+
         save_bench_plot(report, args.plot)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 1 if any(not s["ok"] for s in report["settings"]) else 0
@@ -117,6 +154,7 @@ def _run_grid(loader, settings, args) -> benchmark.Report:
         per_run = min(per_run, args.warmup + benchmark.WARMUP_WHILE_DECIDING + args.max_batches)
     done = 0
     with progress_bar(per_run * len(settings) * args.repeat, "bench", unit=" batches", enabled=args.progress) as bar:
+
         def on_run(setting: benchmark.Setting, round_: int) -> None:
             nonlocal done  # redrawn once per run: a fast one may never reach tqdm's own refresh
             bar.set_description(f"bench {setting.label}" + (f" (run {round_ + 1})" if args.repeat > 1 else ""))
@@ -129,14 +167,32 @@ def _run_grid(loader, settings, args) -> benchmark.Report:
             bar.update()
             done += 1
 
-        return benchmark.bench(loader, settings, epochs=args.epochs, max_batches=args.max_batches or None,
-                               warmup=args.warmup, consumer_ms=args.consumer_ms, repeat=args.repeat,
-                               on_batch=on_batch, on_run=on_run)
+        return benchmark.bench(
+            loader,
+            settings,
+            epochs=args.epochs,
+            max_batches=args.max_batches or None,
+            warmup=args.warmup,
+            consumer_ms=args.consumer_ms,
+            repeat=args.repeat,
+            on_batch=on_batch,
+            on_run=on_run,
+        )
 
 
 # -- the human report -------------------------------------------------------------------------
-SUMMARY = ["setting", "samples/s", "runs (spread)", "first batch s", "queue mean / max / prefetch", "made inline",
-           "skipped", "CPU cores", "peak RSS MB", "bottleneck"]
+SUMMARY = [
+    "setting",
+    "samples/s",
+    "runs (spread)",
+    "first batch s",
+    "queue mean / max / prefetch",
+    "made inline",
+    "skipped",
+    "CPU cores",
+    "peak RSS MB",
+    "bottleneck",
+]
 
 
 def _runs(s: dict) -> str:
@@ -151,10 +207,18 @@ def _summary_row(s: dict) -> list[str]:
     first = s["first_batch_seconds"]
     inline = s["inline_batches"] / s["batches"] if s["batches"] else 0.0
     queued = f"{queue['fill_mean']:.1f} / {queue['fill_max']} / {queue['prefetch']}" if s["workers"] else "- (inline)"
-    return [s["label"], f"{s['samples_per_second']:,.0f}", _runs(s), "" if first is None else f"{first:.3f}",
-            queued, f"{inline:.0%}", f"{s['skipped']:,}",
-            "-" if s["cpu_cores"] is None else f"{s['cpu_cores']:.2f}", f"{s['peak_rss_bytes'] / BYTES_PER_MB:,.0f}",
-            s["bottleneck"]["kind"]]
+    return [
+        s["label"],
+        f"{s['samples_per_second']:,.0f}",
+        _runs(s),
+        "" if first is None else f"{first:.3f}",
+        queued,
+        f"{inline:.0%}",
+        f"{s['skipped']:,}",
+        "-" if s["cpu_cores"] is None else f"{s['cpu_cores']:.2f}",
+        f"{s['peak_rss_bytes'] / BYTES_PER_MB:,.0f}",
+        s["bottleneck"]["kind"],
+    ]
 
 
 def _stage_row(s: dict) -> list[str]:
@@ -167,22 +231,30 @@ def format_report(report: dict) -> str:
     """The report as a few aligned tables and plain sentences."""
     settings = report["settings"]
     bound = f"{report['max_batches']} batches" if report["max_batches"] else "whole epochs"
-    lines = [f"steadyfeed bench: {report['source']}",
-             f"batch size {report['batch_size']}, {report['epochs']} epoch(s), {report['repeat']} run(s) per "
-             f"setting, {bound} per run after "
-             f"{report['warmup_batches']} warm-up batch(es) (and any while the loader decided who makes batches: "
-             f"warmup_batches in --json), consumer step {report['consumer_ms']:g} ms", ""]
+    lines = [
+        f"steadyfeed bench: {report['source']}",
+        f"batch size {report['batch_size']}, {report['epochs']} epoch(s), {report['repeat']} run(s) per "
+        f"setting, {bound} per run after "
+        f"{report['warmup_batches']} warm-up batch(es) (and any while the loader decided who makes batches: "
+        f"warmup_batches in --json), consumer step {report['consumer_ms']:g} ms",
+        "",
+    ]
     lines += table(SUMMARY, [_summary_row(s) for s in settings])
     stages = settings[0]["stages"]
     side = {where: ", ".join(k for k, v in stages.items() if v["side"] == where) for where in ("workers", "consumer")}
-    lines += ["", f"time per stage, seconds and share ({side['workers']}: of worker time, summed over workers; "
-                  f"{side['consumer']}: of wall time, in the consumer)"]
+    lines += [
+        "",
+        f"time per stage, seconds and share ({side['workers']}: of worker time, summed over workers; "
+        f"{side['consumer']}: of wall time, in the consumer)",
+    ]
     lines += table(["setting", *stages], [_stage_row(s) for s in settings])
     if report["read_includes_decode"]:
         lines.append("read includes decoding (no source times it separately)")
     if any(s["ok"] and s["workers"] and s["inline_batches"] for s in settings):
-        lines.append("made inline: batches the consumer made itself, as it measured that faster than "
-                     "handing them to a worker (inline_when_faster)")
+        lines.append(
+            "made inline: batches the consumer made itself, as it measured that faster than "
+            "handing them to a worker (inline_when_faster)"
+        )
     lines.append("")
     lines += [f"FAILED {s['label']}: {s['error']}" for s in settings if not s["ok"]]
     neck, rec = report["bottleneck"], report["recommendation"]

@@ -6,6 +6,7 @@ Each command is a module in ``steadyfeed.tools`` with a one-line ``HELP``, ``EXI
 every command). Commands are
 imported only when chosen, so ``steadyfeed --help`` stays fast.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         _parser().parse_args(argv)  # prints usage / help, exits
         return 2
     module = importlib.import_module(f"steadyfeed.tools.{COMMANDS[argv[0]]}")
-    parser = argparse.ArgumentParser(prog=f"steadyfeed {argv[0]}", description=module.HELP,
-                                     epilog=module.EXIT_CODES)
+    parser = argparse.ArgumentParser(prog=f"steadyfeed {argv[0]}", description=module.HELP, epilog=module.EXIT_CODES)
     module.add_arguments(parser)
     # a command of two positionals (report FINDINGS [SPEC]) takes them on either side of its flags
     parse = parser.parse_intermixed_args if getattr(module, "INTERMIXED", False) else parser.parse_args

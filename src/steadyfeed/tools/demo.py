@@ -9,6 +9,7 @@
 
 Exit code 0 when every check passes, 1 otherwise.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,7 +69,7 @@ def generate(directory: Path, n: int, seed: int = 0) -> ArraySource:
     rng = np.random.default_rng(seed)
     x = np.lib.format.open_memmap(directory / "x.npy", mode="w+", dtype=np.float32, shape=(n, *SHAPE))
     for lo in range(0, n, 4096):  # written in chunks: the dataset never sits in memory whole
-        x[lo:lo + 4096] = rng.standard_normal((min(4096, n - lo), *SHAPE), dtype=np.float32)
+        x[lo : lo + 4096] = rng.standard_normal((min(4096, n - lo), *SHAPE), dtype=np.float32)
     np.save(directory / "y.npy", label_of(x))
     x.flush()
     del x
@@ -93,19 +94,36 @@ def train(source: ArraySource, val_source: ArraySource, report: Report, epochs: 
 
     from steadyfeed.keras import LoaderMonitor
 
-    with Loader(source, BATCH, shuffle=True, seed=1, transform=augment, workers=2, mode="process") as loader, \
-            Loader(val_source, BATCH) as val_loader:
+    with (
+        Loader(source, BATCH, shuffle=True, seed=1, transform=augment, workers=2, mode="process") as loader,
+        Loader(val_source, BATCH) as val_loader,
+    ):
         keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input(SHAPE), keras.layers.Flatten(), keras.layers.Dense(64, activation="relu"),
-                                  keras.layers.Dense(CLASSES, activation="softmax")])
+        model = keras.Sequential(
+            [
+                keras.Input(SHAPE),
+                keras.layers.Flatten(),
+                keras.layers.Dense(64, activation="relu"),
+                keras.layers.Dense(CLASSES, activation="softmax"),
+            ]
+        )
         model.compile(keras.optimizers.Adam(3e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
         print(f"  backend {keras.backend.backend()}, {len(source)} training and {len(val_source)} validation samples")
-        history = model.fit(loader.as_keras(), validation_data=val_loader.as_keras(), epochs=epochs,
-                            callbacks=[LoaderMonitor(loader)], verbose=1 if sys.stdout.isatty() else 2).history
-    print(f"  data wait per epoch: {', '.join(f'{w:.0%}' for w in history['data_wait_fraction'])} of step time; "
-          f"{history['data_samples_per_sec'][-1]:,.0f} samples/s")
-    report.check(history["val_accuracy"][-1] > 0.6,
-                 f"the model learned (validation accuracy {history['val_accuracy'][-1]:.2f}; chance is 0.25)")
+        history = model.fit(
+            loader.as_keras(),
+            validation_data=val_loader.as_keras(),
+            epochs=epochs,
+            callbacks=[LoaderMonitor(loader)],
+            verbose=1 if sys.stdout.isatty() else 2,
+        ).history
+    print(
+        f"  data wait per epoch: {', '.join(f'{w:.0%}' for w in history['data_wait_fraction'])} of step time; "
+        f"{history['data_samples_per_sec'][-1]:,.0f} samples/s"
+    )
+    report.check(
+        history["val_accuracy"][-1] > 0.6,
+        f"the model learned (validation accuracy {history['val_accuracy'][-1]:.2f}; chance is 0.25)",
+    )
 
 
 def audit_loader(source: ArraySource, report: Report) -> None:
@@ -140,9 +158,13 @@ def never_silent(source: ArraySource, report: Report) -> None:
     with Loader(CorruptOne(source, bad), BATCH, workers=2, on_error="skip", with_ids=True) as loader:
         ids = np.concatenate([b["id"] for b in loader])
         rows = loader.quarantine_report()
-    report.check(len(ids) == len(source) - 1 and bad not in ids,
-                 f"a corrupt sample ({bad}) is skipped, every other sample delivered once")
-    report.check([r["sample_id"] for r in rows] == [bad], f"and quarantined: {rows[0]['error_type']} at {rows[0]['location']}")
+    report.check(
+        len(ids) == len(source) - 1 and bad not in ids,
+        f"a corrupt sample ({bad}) is skipped, every other sample delivered once",
+    )
+    report.check(
+        [r["sample_id"] for r in rows] == [bad], f"and quarantined: {rows[0]['error_type']} at {rows[0]['location']}"
+    )
     report.check(resume_matches(source), "a run stopped after 7 batches resumes exactly, in another mode")
 
 
@@ -170,8 +192,10 @@ def run(args) -> int:
         val_source = generate(directory / "val", max(args.samples // 10, BATCH), seed=1)
         dataset_mb = source.arrays["x"].nbytes / 2**20
         held_mb = 4 * BATCH * np.prod(SHAPE) * 4 / 2**20  # prefetch (2 x 2 workers) batches at most
-        print(f"steadyfeed demo: {len(source)} samples, {dataset_mb:.0f} MB on disk (memory-mapped); "
-              f"the loader holds at most {held_mb:.0f} MB of batches")
+        print(
+            f"steadyfeed demo: {len(source)} samples, {dataset_mb:.0f} MB on disk (memory-mapped); "
+            f"the loader holds at most {held_mb:.0f} MB of batches"
+        )
         report = Report()
         print("\n1. Train a Keras model through steadyfeed (2 process workers, random augmentation)")
         train(source, val_source, report, args.epochs)

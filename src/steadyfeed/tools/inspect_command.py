@@ -11,6 +11,7 @@ It reads with the sources' own readers and judges with the loader's own rules, s
 passes what a loader would refuse (with the ``--collate``, ``--image-size`` and
 ``--channels`` given); each finding says why.
 """
+
 from __future__ import annotations
 
 import glob
@@ -19,46 +20,77 @@ import os
 
 from .. import quality
 from ..diagnostics import image_quality
-from .audit_command import parse_thresholds
 from ..errors import DataError
+from .audit_command import parse_thresholds
 from .inspection import InspectReport, inspect_files, inspect_loader
 from .spec import SpecError, add_spec_arguments, describe, loader_from_args, usage_error
 
 HELP = "explore data before training: counts, sizes, shapes, image modes, labels, what a loader would refuse"
-EXIT_CODES = ("exit codes: 0 everything a loader reads is readable and would be accepted (and passed "
-              "--checks); 1 something is unreadable, would be refused, or failed a check (listed with why); "
-              "2 a usage error (bad flags, a SPEC that does not load, no such file)")
+EXIT_CODES = (
+    "exit codes: 0 everything a loader reads is readable and would be accepted (and passed "
+    "--checks); 1 something is unreadable, would be refused, or failed a check (listed with why); "
+    "2 a usage error (bad flags, a SPEC that does not load, no such file)"
+)
 
 
 def add_arguments(parser) -> None:
-    add_spec_arguments(parser, metavar="DATA", exclude=("with_ids",),
-                       help="a directory or file, or FILE.py:NAME / MODULE:NAME naming a loader or source; "
-                            "--workers also sets the threads that read files")
+    add_spec_arguments(
+        parser,
+        metavar="DATA",
+        exclude=("with_ids",),
+        help="a directory or file, or FILE.py:NAME / MODULE:NAME naming a loader or source; "
+        "--workers also sets the threads that read files",
+    )
     options = parser.add_argument_group("inspect")
-    options.add_argument("--decode", action="store_true",
-                         help="decode every image and read every .npy file in full (finds truncated files)")
-    options.add_argument("--checks", default="", metavar="NAMES",
-                         help=f"data-quality checks ({', '.join(quality.CHECKS)} or all; image checks "
-                              f"{', '.join(image_quality.CHECKS)} or image, judged by the data's robust "
-                              "outliers); implies --decode")
-    options.add_argument("--threshold", action="append", default=[], metavar="CHECK=VALUE",
-                         help="an image check's threshold instead of the data's robust one (repeatable)")
-    options.add_argument("--label-key", action="append", dest="label_keys", metavar="KEY",
-                         help="a loader's label key for the label histogram (default y; repeatable)")
+    options.add_argument(
+        "--decode",
+        action="store_true",
+        help="decode every image and read every .npy file in full (finds truncated files)",
+    )
+    options.add_argument(
+        "--checks",
+        default="",
+        metavar="NAMES",
+        help=f"data-quality checks ({', '.join(quality.CHECKS)} or all; image checks "
+        f"{', '.join(image_quality.CHECKS)} or image, judged by the data's robust "
+        "outliers); implies --decode",
+    )
+    options.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="CHECK=VALUE",
+        help="an image check's threshold instead of the data's robust one (repeatable)",
+    )
+    options.add_argument(
+        "--label-key",
+        action="append",
+        dest="label_keys",
+        metavar="KEY",
+        help="a loader's label key for the label histogram (default y; repeatable)",
+    )
     options.add_argument("--json", action="store_true", help="print the report as JSON")
     options.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 
 def _files_report(args, checks) -> InspectReport:
     """DATA as files, or the files of ``--tfrecord GLOB`` when no --feature says how to read them."""
-    settings = dict(decode=args.decode, checks=checks, workers=args.workers or 0, progress=args.progress,
-                    collate=args.collate or "stack", size=args.image_size, channels=args.channels,
-                    thresholds=parse_thresholds(args.threshold))
+    settings = dict(
+        decode=args.decode,
+        checks=checks,
+        workers=args.workers or 0,
+        progress=args.progress,
+        collate=args.collate or "stack",
+        size=args.image_size,
+        channels=args.channels,
+        thresholds=parse_thresholds(args.threshold),
+    )
     if args.spec is not None:
         return inspect_files(args.spec, **settings)
     files = sorted(glob.glob(os.path.expanduser(args.tfrecord)))
-    report = inspect_files(os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0]) or ".",
-                           files=files, **settings)
+    report = inspect_files(
+        os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0]) or ".", files=files, **settings
+    )
     report.target = describe(args)
     return report
 
@@ -86,8 +118,9 @@ def run(args) -> int:
         checks = quality.check_names(args.checks)
         parse_thresholds(args.threshold)  # a bad one is a usage error, before anything is read
         if args.spec is not None and not os.path.exists(args.spec) and ":" not in args.spec:
-            raise SpecError(f"{args.spec}: no such file or directory (DATA is a directory, a file, "
-                            "or FILE.py:NAME / MODULE:NAME)")
+            raise SpecError(
+                f"{args.spec}: no such file or directory (DATA is a directory, a file, or FILE.py:NAME / MODULE:NAME)"
+            )
         loader = None if _wants_files(args) else loader_from_args(args)
     except SpecError as exc:
         report = _refused_at_construction(args, exc)
@@ -101,8 +134,13 @@ def run(args) -> int:
     elif report is None:
         assert loader is not None  # no report yet: the loader was made
         with loader:
-            report = inspect_loader(loader, label_keys=args.label_keys or ("y",), checks=checks,
-                                    target=describe(args), progress=args.progress,
-                                    thresholds=parse_thresholds(args.threshold))
+            report = inspect_loader(
+                loader,
+                label_keys=args.label_keys or ("y",),
+                checks=checks,
+                target=describe(args),
+                progress=args.progress,
+                thresholds=parse_thresholds(args.threshold),
+            )
     print(json.dumps(report.as_dict(), indent=1) if args.json else report.text())
     return 0 if report.passed else 1

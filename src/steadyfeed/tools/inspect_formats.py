@@ -17,14 +17,16 @@ none writes anything (no index is cached beside the data).
 * tar shards: ``WebDatasetSource``'s member index: samples, the extensions and their sizes,
   samples whose members differ from the others', a broken tar stream.
 """
+
 from __future__ import annotations
 
 import math
 import os
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -68,8 +70,10 @@ def shape_text(shape: Sequence[int], dtype: Any = None) -> str:
 
 def refusal(what: str, detail: str, collate: str, key: str = "x") -> str:
     """Why a loader refuses samples that each read fine: the loader's own conflict and fix."""
-    return (f"{detail}: a loader with collate={collate!r} raises CollateError for a batch holding both (neither "
-            f"is at fault); fix: {conflict_fix(what, key)}")
+    return (
+        f"{detail}: a loader with collate={collate!r} raises CollateError for a batch holding both (neither "
+        f"is at fault); fix: {conflict_fix(what, key)}"
+    )
 
 
 # -- images --------------------------------------------------------------------------------------
@@ -120,15 +124,20 @@ def probe_hdf5(path: str, name: str, info: FileInfo, collate: str) -> None:
     rows: list[dict] = []
     with h5py.File(path, "r") as f:
         info.format = "hdf5"
-        f.visititems(lambda key, obj: rows.append(_dataset_row(h5py, f"/{key}", obj))
-                     if isinstance(obj, h5py.Dataset) else None)
+        f.visititems(
+            lambda key, obj: rows.append(_dataset_row(h5py, f"/{key}", obj)) if isinstance(obj, h5py.Dataset) else None
+        )
     for row in rows:
         info.shapes[row["dataset"]] = f"{row['shape']} {row['dtype']}"
         lengths = row.pop("lengths", None)
         what = lengths and layout_conflict(((), np.dtype(f"S{lengths[0]}")), ((), np.dtype(f"S{lengths[1]}")), collate)
         if what:
-            info.refused.append((f"{name} {row['dataset']}", refusal(
-                what, f"variable-length strings of {lengths[0]} to {lengths[1]} bytes", collate)))
+            info.refused.append(
+                (
+                    f"{name} {row['dataset']}",
+                    refusal(what, f"variable-length strings of {lengths[0]} to {lengths[1]} bytes", collate),
+                )
+            )
     info.table = {"datasets": rows}
 
 
@@ -149,7 +158,7 @@ def _vlen_lengths(ds) -> tuple[int, int]:
     """The shortest and longest value (in bytes) of a variable-length string dataset."""
     lo, hi = math.inf, 0
     for start in range(0, max(ds.shape[0] if ds.ndim else 1, 1), HDF5_ROWS_PER_READ):
-        values = np.asarray(ds[start:start + HDF5_ROWS_PER_READ] if ds.ndim else ds[()]).reshape(-1)
+        values = np.asarray(ds[start : start + HDF5_ROWS_PER_READ] if ds.ndim else ds[()]).reshape(-1)
         lengths = [len(v) for v in values]
         lo, hi = min([lo, *lengths]), max([hi, *lengths])
     return (0 if lo is math.inf else int(lo)), int(hi)
@@ -209,11 +218,19 @@ def probe_csv(path: str, name: str, info: FileInfo) -> None:
                     _classify(column, i, value)
         for column in columns:
             if column.kind in ("int", "float"):  # a numeric column's non-numbers are refused rows
-                refused += [(i, f"column {column.name!r}: {value!r} is not a number; a CsvSource reading this "
-                                f"column refuses the row") for i, value in column.text]
+                refused += [
+                    (
+                        i,
+                        f"column {column.name!r}: {value!r} is not a number; a CsvSource reading this "
+                        f"column refuses the row",
+                    )
+                    for i, value in column.text
+                ]
         info.refused += [(source.locate(i).replace(path, name, 1), why) for i, why in sorted(refused)]
-        info.table = {"rows": len(source), "columns": [
-            {"name": c.name, "type": c.kind, "missing": c.missing, "note": _csv_note(c)} for c in columns]}
+        info.table = {
+            "rows": len(source),
+            "columns": [{"name": c.name, "type": c.kind, "missing": c.missing, "note": _csv_note(c)} for c in columns],
+        }
         source.close()
 
 
@@ -278,11 +295,15 @@ def probe_tfrecord(path: str, name: str, info: FileInfo) -> None:
     except DataError as exc:
         inferred, notes = {}, [str(exc)]
     info.notes += notes
-    info.table = {"records": records, "compression": index.compression or "none",
-                  "features": [_feature_row(key, f, records, inferred.get(key)) for key, f in sorted(features.items())]}
+    info.table = {
+        "records": records,
+        "compression": index.compression or "none",
+        "features": [_feature_row(key, f, records, inferred.get(key)) for key, f in sorted(features.items())],
+    }
     info.table["read_with"] = " ".join(f"--feature {row['suggested']}" for row in info.table["features"])
-    info.refused += [(f"{name} feature {key!r}", why) for key, f in sorted(features.items())
-                     if (why := _feature_refusal(key, f))]
+    info.refused += [
+        (f"{name} feature {key!r}", why) for key, f in sorted(features.items()) if (why := _feature_refusal(key, f))
+    ]
 
 
 def _tally(features: dict[str, _Feature], kinds: dict, r: int) -> None:
@@ -314,9 +335,16 @@ def _feature_row(key: str, f: _Feature, records: int, inferred=None) -> dict:
         shape = ":?" if varying else "" if set(f.values) <= {1} else f":{f.values[0]}"
         suggested = f"{key}={dtype}{shape}"
         note = f"{_span(f.values)} values: read it with --feature {suggested} and --collate pad" if varying else ""
-    return {"feature": key, "kind": "/".join(sorted(f.kinds)) or kind, "values": _span(f.values),
-            "bytes": _span(f.bytes), "records": records - len(f.missing),
-            "inferred": inferred.describe() if inferred is not None else "-", "suggested": suggested, "note": note}
+    return {
+        "feature": key,
+        "kind": "/".join(sorted(f.kinds)) or kind,
+        "values": _span(f.values),
+        "bytes": _span(f.bytes),
+        "records": records - len(f.missing),
+        "inferred": inferred.describe() if inferred is not None else "-",
+        "suggested": suggested,
+        "note": note,
+    }
 
 
 def _feature_refusal(key: str, f: _Feature) -> str | None:
@@ -325,8 +353,10 @@ def _feature_refusal(key: str, f: _Feature) -> str | None:
         return f"feature {key!r} is of more than one kind ({kinds}): a TFRecordSource reading it refuses the others"
     if f.missing:
         shown = ", ".join(map(str, f.missing[:8])) + (", ..." if len(f.missing) > 8 else "")
-        return (f"feature {key!r} is missing from {len(f.missing)} record(s) ({shown}): a TFRecordSource "
-                f"reading it refuses them")
+        return (
+            f"feature {key!r} is missing from {len(f.missing)} record(s) ({shown}): a TFRecordSource "
+            f"reading it refuses them"
+        )
     return None
 
 
@@ -344,13 +374,24 @@ def probe_parquet(path: str, name: str, info: FileInfo) -> None:
         counted = [s.null_count for s in nulls if s is not None and s.has_null_count]
         try:
             column = column_reader(field_.name, field_.type)
-            note = {"number": "a scalar", "fixed": f"an array {column.shape}", "list": "1-D, any length (collate pad)",
-                    "string": "str", "binary": "bytes"}[column.kind]
+            note = {
+                "number": "a scalar",
+                "fixed": f"an array {column.shape}",
+                "list": "1-D, any length (collate pad)",
+                "string": "str",
+                "binary": "bytes",
+            }[column.kind]
             readable.append(field_.name)
         except DataError as exc:
             note = f"not read: {str(exc).split(': ', 1)[-1]}"
-        rows.append({"name": field_.name, "type": str(field_.type),
-                     "nulls": sum(counted) if len(counted) == len(nulls) else "?", "note": note})
+        rows.append(
+            {
+                "name": field_.name,
+                "type": str(field_.type),
+                "nulls": sum(counted) if len(counted) == len(nulls) else "?",
+                "note": note,
+            }
+        )
         info.shapes[field_.name] = str(field_.type)
     info.table = {"rows": meta.num_rows, "row_groups": meta.num_row_groups, "columns": rows}
     if readable:
@@ -390,9 +431,17 @@ def probe_tar(path: str, name: str, info: FileInfo) -> None:
             common, count = layouts.most_common(1)[0]
             for i, exts in per_sample.items():
                 if exts != common:
-                    info.refused.append((source.locate(i).replace(path, name, 1),
-                                         f"members {list(exts)} where {count} samples have {list(common)}: a "
-                                         f"WebDatasetSource reading every member gives it other keys (choose them "
-                                         f"with keys=)"))
-        info.table = {"samples": len(per_sample), "members": [
-            {"extension": ext, "samples": len(v), "bytes": _span(sorted(v))} for ext, v in sorted(sizes.items())]}
+                    info.refused.append(
+                        (
+                            source.locate(i).replace(path, name, 1),
+                            f"members {list(exts)} where {count} samples have {list(common)}: a "
+                            f"WebDatasetSource reading every member gives it other keys (choose them "
+                            f"with keys=)",
+                        )
+                    )
+        info.table = {
+            "samples": len(per_sample),
+            "members": [
+                {"extension": ext, "samples": len(v), "bytes": _span(sorted(v))} for ext, v in sorted(sizes.items())
+            ],
+        }

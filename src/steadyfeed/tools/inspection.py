@@ -32,29 +32,43 @@ the histogram of the first label key that is categorical, unreadable samples are
 fail to read, and samples whose shape or dtype a batch could not hold with the others (under
 the loader's ``collate``) are refused.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
 import os
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from .. import quality
+from ..diagnostics import image_quality
 from ..errors import DataError
 from ..execution.batch import layout_conflict
 from ..loader import Loader
 from ..progress import progress_bar
 from ..sources.base import locate
 from ..units import human_bytes
-from ..diagnostics import image_quality
 from .audit import image_findings, scan_source
 from .inspect_formats import (
-    HDF5_EXTENSIONS, PARQUET_EXTENSIONS, TAR_EXTENSIONS, FileInfo, looks_like_tfrecord, probe_csv, probe_hdf5,
-    probe_image, probe_npy, probe_parquet, probe_tar, probe_tfrecord, refusal, shape_text,
+    HDF5_EXTENSIONS,
+    PARQUET_EXTENSIONS,
+    TAR_EXTENSIONS,
+    FileInfo,
+    looks_like_tfrecord,
+    probe_csv,
+    probe_hdf5,
+    probe_image,
+    probe_npy,
+    probe_parquet,
+    probe_tar,
+    probe_tfrecord,
+    refusal,
+    shape_text,
 )
 from .tables import table
 
@@ -98,50 +112,75 @@ class InspectReport:
 
     def as_dict(self) -> dict:
         return {
-            "format": FORMAT, "passed": self.passed, "target": self.target, "kind": self.kind, "count": self.count,
-            "collate": self.collate, "sizes": size_summary(self.sizes), "formats": _counts(self.formats),
-            "shapes": {key: _counts(c) for key, c in self.shapes.items()}, "modes": _counts(self.modes),
+            "format": FORMAT,
+            "passed": self.passed,
+            "target": self.target,
+            "kind": self.kind,
+            "count": self.count,
+            "collate": self.collate,
+            "sizes": size_summary(self.sizes),
+            "formats": _counts(self.formats),
+            "shapes": {key: _counts(c) for key, c in self.shapes.items()},
+            "modes": _counts(self.modes),
             "image_sizes": _counts(self.image_sizes),
             "labels": None if self.labels is None else {"source": self.label_source, "counts": _counts(self.labels)},
             "outliers": {what: o.as_dict(LISTED) for what, o in self.outliers.items()},
-            "unreadable": self.unreadable[:LISTED], "unreadable_count": len(self.unreadable),
-            "refused": self.refused[:LISTED], "refused_count": len(self.refused),
-            "ignored": self.ignored[:LISTED], "ignored_count": len(self.ignored),
-            "problems": [p.as_dict() for p in self.problems[:LISTED]], "problem_count": len(self.problems),
-            "tables": self.tables, "notes": self.notes, "findings": self.findings,
+            "unreadable": self.unreadable[:LISTED],
+            "unreadable_count": len(self.unreadable),
+            "refused": self.refused[:LISTED],
+            "refused_count": len(self.refused),
+            "ignored": self.ignored[:LISTED],
+            "ignored_count": len(self.ignored),
+            "problems": [p.as_dict() for p in self.problems[:LISTED]],
+            "problem_count": len(self.problems),
+            "tables": self.tables,
+            "notes": self.notes,
+            "findings": self.findings,
         }
 
     def text(self) -> str:
         unit = "sample" if self.kind == "samples" else "file"
-        lines = [f"steadyfeed inspect {self.target}: {self.count} {unit}{'' if self.count == 1 else 's'}"
-                 + (" (an image tree, read as ImageFolder reads it)" if self.kind == "image tree" else "")]
+        lines = [
+            f"steadyfeed inspect {self.target}: {self.count} {unit}{'' if self.count == 1 else 's'}"
+            + (" (an image tree, read as ImageFolder reads it)" if self.kind == "image tree" else "")
+        ]
         if self.sizes:
             lines += _size_lines(size_summary(self.sizes))
-        for title, counts in [("formats", self.formats), ("modes", self.modes), ("image sizes", self.image_sizes),
-                              *((f"shapes {key}", c) for key, c in self.shapes.items() if self.kind == "samples")]:
+        for title, counts in [
+            ("formats", self.formats),
+            ("modes", self.modes),
+            ("image sizes", self.image_sizes),
+            *((f"shapes {key}", c) for key, c in self.shapes.items() if self.kind == "samples"),
+        ]:
             if counts:
                 lines.append(f"  {title:14}{_listing(counts)}")
         if self.labels is not None:
             lines.append(f"  {'labels':14}{_listing(self.labels)}  ({self.label_source})")
         for what, o in self.outliers.items():
             if o.items:
-                lines.append(f"  {'outliers':14}{len(o.items)} differ in {what} from the most common "
-                             f"({o.common}, {o.common_count}): {_shown(o.items)}")
+                lines.append(
+                    f"  {'outliers':14}{len(o.items)} differ in {what} from the most common "
+                    f"({o.common}, {o.common_count}): {_shown(o.items)}"
+                )
         lines += _table_lines(self.tables)
         lines += [f"  {'note':14}{note}" for note in self.notes]
         lines += self._findings()
-        lines.append(f"PASSED: everything readable, nothing a loader (collate={self.collate!r}) would refuse"
-                     if self.passed else
-                     f"FAILED: {len(self.unreadable)} unreadable, {len(self.refused)} refused by a loader, "
-                     f"{len(self.problems)} quality problem(s)")
+        lines.append(
+            f"PASSED: everything readable, nothing a loader (collate={self.collate!r}) would refuse"
+            if self.passed
+            else f"FAILED: {len(self.unreadable)} unreadable, {len(self.refused)} refused by a loader, "
+            f"{len(self.problems)} quality problem(s)"
+        )
         return "\n".join(lines)
 
     def _findings(self) -> list[str]:
         lines = []
-        for title, items in [("ignored", [f"{i['item']}: {i['reason']}" for i in self.ignored]),
-                             ("unreadable", [f"{u['item']}: {u['error']}" for u in self.unreadable]),
-                             ("refused", [f"{r['item']}: {r['reason']}" for r in self.refused]),
-                             ("quality", [str(p) for p in self.problems])]:
+        for title, items in [
+            ("ignored", [f"{i['item']}: {i['reason']}" for i in self.ignored]),
+            ("unreadable", [f"{u['item']}: {u['error']}" for u in self.unreadable]),
+            ("refused", [f"{r['item']}: {r['reason']}" for r in self.refused]),
+            ("quality", [str(p) for p in self.problems]),
+        ]:
             if items:
                 lines.append(f"  {title:14}{len(items)}:")
                 lines += [f"    {item}" for item in items[:SHOWN]]
@@ -158,18 +197,26 @@ def size_summary(sizes: Sequence[int]) -> dict:
     a = np.asarray(sizes, np.int64)
     bucket = np.where(a > 0, np.floor(np.log2(np.maximum(a, 1))).astype(np.int64) + 1, 0)  # 0: empty files
     counts = np.bincount(bucket - bucket.min())
-    edges = [(0 if b == 0 else 2 ** (b - 1), 1 if b == 0 else 2 ** b) for b in range(bucket.min(), bucket.max() + 1)]
-    return {"min": int(a.min()), "median": int(np.median(a)), "max": int(a.max()),
-            "histogram": [{"from": lo, "to": hi, "count": int(c)} for (lo, hi), c in zip(edges, counts)]}
+    edges = [(0 if b == 0 else 2 ** (b - 1), 1 if b == 0 else 2**b) for b in range(bucket.min(), bucket.max() + 1)]
+    return {
+        "min": int(a.min()),
+        "median": int(np.median(a)),
+        "max": int(a.max()),
+        "histogram": [{"from": lo, "to": hi, "count": int(c)} for (lo, hi), c in zip(edges, counts)],
+    }
 
 
 def _size_lines(summary: dict) -> list[str]:
-    lines = [f"  {'sizes':14}min {human_bytes(summary['min'])}, median {human_bytes(summary['median'])}, "
-             f"max {human_bytes(summary['max'])}"]
+    lines = [
+        f"  {'sizes':14}min {human_bytes(summary['min'])}, median {human_bytes(summary['median'])}, "
+        f"max {human_bytes(summary['max'])}"
+    ]
     peak = max(b["count"] for b in summary["histogram"])
     for b in summary["histogram"]:
         bar = "#" * max(1, round(30 * b["count"] / peak)) if b["count"] else ""
-        lines.append(f"  {'':14}{human_bytes(b['from']):>9} - {human_bytes(b['to']):<9} {b['count']:>7}  {bar}".rstrip())
+        lines.append(
+            f"  {'':14}{human_bytes(b['from']):>9} - {human_bytes(b['to']):<9} {b['count']:>7}  {bar}".rstrip()
+        )
     return lines
 
 
@@ -186,13 +233,15 @@ def _table_lines(tables: dict[str, dict]) -> list[str]:
     lines = []
     for name, summary in list(tables.items())[:SHOWN]:
         what, columns = _TABLES[summary["format"]]
-        counts = ", ".join(f"{summary[k]} {k.replace('_', ' ')}" for k in ("rows", "row_groups", "records", "samples")
-                           if k in summary)
+        counts = ", ".join(
+            f"{summary[k]} {k.replace('_', ' ')}" for k in ("rows", "row_groups", "records", "samples") if k in summary
+        )
         if summary.get("compression", "none") != "none":
             counts += f", {summary['compression']}-compressed"
         lines.append(f"  {summary['format']:14}{name}{f': {counts}' if counts else ''}")
-        lines += table(columns, [[str(row[c]) for c in columns] for row in summary[what]], indent=" " * 16,
-                       numbers_right=True)
+        lines += table(
+            columns, [[str(row[c]) for c in columns] for row in summary[what]], indent=" " * 16, numbers_right=True
+        )
         if summary.get("read_with"):
             lines.append(f"  {'':14}read it with: --tfrecord {name} {summary['read_with']}")
     if len(tables) > SHOWN:
@@ -248,8 +297,15 @@ def _ignored_reason(path: str) -> str | None:
     return None
 
 
-def probe(path: str, name: str | None = None, *, reader: Any = None, decode: bool = False,
-          checks: Sequence[str] = (), collate: str = "stack") -> FileInfo | None:
+def probe(
+    path: str,
+    name: str | None = None,
+    *,
+    reader: Any = None,
+    decode: bool = False,
+    checks: Sequence[str] = (),
+    collate: str = "stack",
+) -> FileInfo | None:
     """What ``path`` holds (None: a format no source reads); never raises for a bad file
     (its error is in ``FileInfo.error``)."""
     name = name or os.path.basename(path)
@@ -294,15 +350,26 @@ def _image_tree(root: str):
         return None
     try:
         from ..sources.images import scan_tree
+
         tree = scan_tree(root)
     except Exception:  # no Pillow, no class folders, an unlistable folder: not an image tree
         return None
     return tree if any(tree.images.values()) else None
 
 
-def inspect_files(path: str | os.PathLike, *, decode: bool = False, checks: Sequence[str] = (), workers: int = 0,
-                  progress: bool = False, collate: str = "stack", size=None, channels: int = 3,
-                  files: Sequence[str] | None = None, thresholds: dict[str, float] | None = None) -> InspectReport:
+def inspect_files(
+    path: str | os.PathLike,
+    *,
+    decode: bool = False,
+    checks: Sequence[str] = (),
+    workers: int = 0,
+    progress: bool = False,
+    collate: str = "stack",
+    size=None,
+    channels: int = 3,
+    files: Sequence[str] | None = None,
+    thresholds: dict[str, float] | None = None,
+) -> InspectReport:
     """Inspect a directory (recursively), one file, or ``files`` (shown relative to ``path``);
     ``workers`` threads read files at once; ``collate``, ``size`` and ``channels`` are the
     loader's and ImageFolder's settings that what is refused depends on."""
@@ -313,8 +380,10 @@ def inspect_files(path: str | os.PathLike, *, decode: bool = False, checks: Sequ
     if tree is not None:
         listed = [f for name in tree.classes for f in tree.images[name]]
         report.ignored += [{"item": _rel(p, root), "reason": why} for p, why in tree.ignored]
-        report.refused += [{"item": _rel(os.path.join(root, name), root) + os.sep, "reason": str(error)}
-                           for name, error in tree.empty.items()]
+        report.refused += [
+            {"item": _rel(os.path.join(root, name), root) + os.sep, "reason": str(error)}
+            for name, error in tree.empty.items()
+        ]
         report.labels = Counter({name: len(tree.images[name]) for name in tree.classes})
         report.label_source = "images per class folder"
     else:
@@ -342,16 +411,24 @@ def _judge_files(report: InspectReport, infos: dict[str, FileInfo | str], given,
     labels = [n.split(os.sep, 1)[0] for n in names] if classes else None
     where = {name: j for j, name in enumerate(infos)}
     ids = np.array([where[n] for n in names], np.int64)
-    report.findings["quality"] = found = image_quality.findings(ids, scores, labels=labels, given=given,
-                                                                locate=dict(zip(ids.tolist(), names)).get)
+    report.findings["quality"] = found = image_quality.findings(
+        ids, scores, labels=labels, given=given, locate=dict(zip(ids.tolist(), names)).get
+    )
     report.problems += flagged_problems(found, key="image", by_file=True)
 
 
 def flagged_problems(found: dict, key: str, by_file: bool = False) -> list[quality.Problem]:
     """A quality problem per flagged image of a ``"quality"`` section, named by id (or file)."""
-    return [quality.Problem(f.get("file", f["id"]) if by_file else f["id"], check.get("key", key), name,
-                            image_quality.problem(name, f["score"], check["threshold"]))
-            for name, check in found["checks"].items() for f in check["flagged"]]
+    return [
+        quality.Problem(
+            f.get("file", f["id"]) if by_file else f["id"],
+            check.get("key", key),
+            name,
+            image_quality.problem(name, f["score"], check["threshold"]),
+        )
+        for name, check in found["checks"].items()
+        for f in check["flagged"]
+    ]
 
 
 def _rel(path: str, root: str) -> str:
@@ -371,8 +448,9 @@ def _probe_all(root, listed, reader, decode, checks, collate, workers, progress)
     # threads, because file reads and image decoders release the GIL
     pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="inspect") if workers > 0 else None
     try:
-        with progress_bar(len(listed), f"inspect {os.path.basename(root.rstrip(os.sep)) or root}", unit=" files",
-                          enabled=progress) as bar:
+        with progress_bar(
+            len(listed), f"inspect {os.path.basename(root.rstrip(os.sep)) or root}", unit=" files", enabled=progress
+        ) as bar:
             infos = {}
             for name, info in zip(names, (pool.map if pool else map)(one, zip(listed, names))):
                 infos[name] = info
@@ -414,8 +492,11 @@ def _add_file(report: InspectReport, name: str, info: FileInfo | str) -> None:
 
 def _file_outliers(report: InspectReport, infos: dict[str, FileInfo | str]) -> None:
     read = {name: info for name, info in infos.items() if isinstance(info, FileInfo) and not info.error}
-    for what, value in [("image mode", lambda i: i.mode), ("image shape", lambda i: i.shapes.get("image")),
-                        ("npy shape", lambda i: i.shapes.get("npy"))]:
+    for what, value in [
+        ("image mode", lambda i: i.mode),
+        ("image shape", lambda i: i.shapes.get("image")),
+        ("npy shape", lambda i: i.shapes.get("npy")),
+    ]:
         values = {name: v for name, info in read.items() if (v := value(info)) is not None}
         found = quality.outliers(values)
         if found is not None:
@@ -425,8 +506,11 @@ def _file_outliers(report: InspectReport, infos: dict[str, FileInfo | str]) -> N
 def _refuse_mixed_images(report: InspectReport, infos: dict[str, FileInfo | str], collate: str) -> None:
     """The images whose sample (after ImageFolder's resize and conversion) a batch could not hold
     with the most common one: the loader's own rule (``layout_conflict``)."""
-    outputs = {name: info.output for name, info in infos.items()
-               if isinstance(info, FileInfo) and info.output is not None and not info.error}
+    outputs = {
+        name: info.output
+        for name, info in infos.items()
+        if isinstance(info, FileInfo) and info.output is not None and not info.error
+    }
     found = quality.outliers(outputs)
     if found is None:
         return
@@ -435,15 +519,28 @@ def _refuse_mixed_images(report: InspectReport, infos: dict[str, FileInfo | str]
         shape, dtype = outputs[name]
         what = layout_conflict(common, outputs[name], collate)
         if what is not None:
-            report.refused.append({"item": name, "reason": refusal(
-                what, f"{shape_text(shape[:2])} image where {found.common_count} are {shape_text(common[0][:2])}",
-                collate)})
+            report.refused.append(
+                {
+                    "item": name,
+                    "reason": refusal(
+                        what,
+                        f"{shape_text(shape[:2])} image where {found.common_count} are {shape_text(common[0][:2])}",
+                        collate,
+                    ),
+                }
+            )
 
 
 # -- a loader ----------------------------------------------------------------------------------------
-def inspect_loader(loader: Loader, *, label_keys: Iterable[str] = ("y",), checks: Sequence[str] = (),
-                   target: str = "", progress: bool = False, thresholds: dict[str, float] | None = None
-                   ) -> InspectReport:
+def inspect_loader(
+    loader: Loader,
+    *,
+    label_keys: Iterable[str] = ("y",),
+    checks: Sequence[str] = (),
+    target: str = "",
+    progress: bool = False,
+    thresholds: dict[str, float] | None = None,
+) -> InspectReport:
     """Inspect the samples of ``loader``'s source as stored (see the module docstring)."""
     label_keys, checks = tuple(label_keys), quality.check_names(checks)
     collate = loader.config.read.collate
@@ -458,16 +555,26 @@ def inspect_loader(loader: Loader, *, label_keys: Iterable[str] = ("y",), checks
 
     execution = loader.config.execution
     with progress_bar(len(loader.source), "inspect", unit=" samples", enabled=progress) as bar:
-        scan = scan_source(loader, label_keys, checks, setting=(execution.workers, execution.mode), bar=bar,
-                           visit=visit)
+        scan = scan_source(
+            loader, label_keys, checks, setting=(execution.workers, execution.mode), bar=bar, visit=visit
+        )
     report.problems = scan.problems
     report.findings = image_findings(scan, loader, label_keys, thresholds)
     if report.findings:
         report.problems += flagged_problems(report.findings["quality"], key="x")
-    report.unreadable = [{"item": e["location"] or f"sample {e['sample_id']}", "sample_id": e["sample_id"],
-                          "error": f"{e['error_type']}: {e['message']}"} for e in scan.failed]
-    report.outliers = {f"shape of {key!r}": o for key, values in layouts.items()
-                       if (o := quality.outliers({i: shape_text(*v) for i, v in values.items()}))}
+    report.unreadable = [
+        {
+            "item": e["location"] or f"sample {e['sample_id']}",
+            "sample_id": e["sample_id"],
+            "error": f"{e['error_type']}: {e['message']}",
+        }
+        for e in scan.failed
+    ]
+    report.outliers = {
+        f"shape of {key!r}": o
+        for key, values in layouts.items()
+        if (o := quality.outliers({i: shape_text(*v) for i, v in values.items()}))
+    }
     report.refused = _refused_samples(loader, layouts, collate)
     key = next((k for k in label_keys if scan.classes(k) is not None), None)
     if key is not None:
@@ -486,7 +593,17 @@ def _refused_samples(loader: Loader, layouts: dict[str, dict[int, tuple]], colla
             what = layout_conflict(found.common, values[i], collate)
             if what is not None:
                 where = locate(loader.source, i)
-                refused.append({"item": where or f"sample {i}", "sample_id": i, "reason": refusal(
-                    what, f"key {key!r}: sample {i} has {shape_text(*values[i])} where {found.common_count} have "
-                          f"{shape_text(*found.common)}", collate, key)})
+                refused.append(
+                    {
+                        "item": where or f"sample {i}",
+                        "sample_id": i,
+                        "reason": refusal(
+                            what,
+                            f"key {key!r}: sample {i} has {shape_text(*values[i])} where {found.common_count} have "
+                            f"{shape_text(*found.common)}",
+                            collate,
+                            key,
+                        ),
+                    }
+                )
     return sorted(refused, key=lambda r: r["sample_id"])

@@ -13,6 +13,7 @@ The data shortcuts of every command (``--images DIR``, ``--npy-pairs IN LABELS``
 ``--on-error skip`` leaves out samples that fail to read and lists them under "quarantine"
 in OUT/manifest.json (``--max-error-fraction`` bounds how many may fail).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,28 +28,42 @@ from ..sources.tfrecord import MANIFEST_NAME
 from .spec import LOADER_FLAGS, SpecError, add_spec_arguments, data_from_args, describe, loader_options, usage_error
 
 HELP = "pack any source (or an iterable of sample dicts) into indexed TFRecord shards"
-EXIT_CODES = ("exit codes: 0 packed (samples skipped under --on-error skip are listed in the manifest); "
-              "1 the data failed (a sample unreadable under --on-error raise, too many failures, a sample "
-              "unlike the first, a write error; nothing is left at OUT); 2 a usage error (bad flags or SPEC, "
-              "OUT not empty)")
+EXIT_CODES = (
+    "exit codes: 0 packed (samples skipped under --on-error skip are listed in the manifest); "
+    "1 the data failed (a sample unreadable under --on-error raise, too many failures, a sample "
+    "unlike the first, a write error; nothing is left at OUT); 2 a usage error (bad flags or SPEC, "
+    "OUT not empty)"
+)
 PACK_FLAGS = ("workers", "mode", "on_error", "max_error_fraction")  # the loader options pack uses
 
 
 def add_arguments(parser) -> None:
-    add_spec_arguments(parser, exclude=tuple(name for name in LOADER_FLAGS if name not in PACK_FLAGS),
-                       help="FILE.py:NAME or MODULE:NAME: a function returning a source, a steadyfeed.Loader "
-                            "(its source is packed) or an iterable of sample dicts")
+    add_spec_arguments(
+        parser,
+        exclude=tuple(name for name in LOADER_FLAGS if name not in PACK_FLAGS),
+        help="FILE.py:NAME or MODULE:NAME: a function returning a source, a steadyfeed.Loader "
+        "(its source is packed) or an iterable of sample dicts",
+    )
     parser.add_argument("out", metavar="OUT", help="output directory (must not exist, or be empty)")
-    parser.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE, metavar="N",
-                        help="records per shard (default %(default)s)")
+    parser.add_argument(
+        "--shard-size",
+        type=int,
+        default=DEFAULT_SHARD_SIZE,
+        metavar="N",
+        help="records per shard (default %(default)s)",
+    )
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
 
 
 def _options(data, args) -> dict:
     """workers, mode, on_error, max_error_fraction: the flags given, else the Loader's, else the defaults."""
     config = data.config if isinstance(data, Loader) else None
-    base = {"workers": 0, "mode": "thread", "on_error": "raise",
-            "max_error_fraction": FailureOptions().max_error_fraction}
+    base = {
+        "workers": 0,
+        "mode": "thread",
+        "on_error": "raise",
+        "max_error_fraction": FailureOptions().max_error_fraction,
+    }
     if config is not None:
         base = {name: value for name, value in config.options().items() if name in PACK_FLAGS}
     options = {**base, **loader_options(args)}
@@ -79,12 +94,16 @@ def run(args) -> int:
     with open(out / MANIFEST_NAME, encoding="utf-8") as f:
         manifest = json.load(f)
     samples, skipped = manifest["samples"], manifest["quarantine"]
-    print(f"packed {samples} samples into {len(manifest['shards'])} shard(s) in {out} "
-          f"in {seconds:.1f} s ({samples / max(seconds, 1e-9):,.0f} samples/s)")
+    print(
+        f"packed {samples} samples into {len(manifest['shards'])} shard(s) in {out} "
+        f"in {seconds:.1f} s ({samples / max(seconds, 1e-9):,.0f} samples/s)"
+    )
     if skipped:
         first = skipped[0]
         where = f" ({first['location']})" if first["location"] else ""
-        print(f"skipped {len(skipped)} sample(s) that failed to read, listed under \"quarantine\" in "
-              f"{out / MANIFEST_NAME}; first: sample {first['sample_id']}{where}: {first['error_type']}: "
-              f"{first['message']}")
+        print(
+            f'skipped {len(skipped)} sample(s) that failed to read, listed under "quarantine" in '
+            f"{out / MANIFEST_NAME}; first: sample {first['sample_id']}{where}: {first['error_type']}: "
+            f"{first['message']}"
+        )
     return 0

@@ -12,6 +12,7 @@ the axis starts at 0), and, for each setting that has a queue (workers > 0: inli
 none), its queue fill over the measured window, one panel per setting stacked on one
 shared time axis, so no line hides another.
 """
+
 from __future__ import annotations
 
 import os
@@ -55,17 +56,23 @@ def _draw_throughput(ax, report: dict) -> None:
     labels = [s["label"] for s in settings]
     medians = [s["samples_per_second"] if s["ok"] else 0.0 for s in settings]
     runs = [s.get("runs") or [m] for s, m in zip(settings, medians)]
-    errors = [[m - min(r) if s["ok"] else 0 for s, m, r in zip(settings, medians, runs)],
-              [max(r) - m if s["ok"] else 0 for s, m, r in zip(settings, medians, runs)]]
+    errors = [
+        [m - min(r) if s["ok"] else 0 for s, m, r in zip(settings, medians, runs)],
+        [max(r) - m if s["ok"] else 0 for s, m, r in zip(settings, medians, runs)],
+    ]
     colors = [FAILED_COLOR if not s["ok"] else CHOSEN_COLOR if s["label"] in chosen else OTHER_COLOR for s in settings]
     bars = ax.bar(labels, medians, color=colors, yerr=errors, capsize=3)
-    ax.bar_label(bars, labels=["failed" if not s["ok"] else f"{m:,.0f}" for s, m in zip(settings, medians)],
-                 fontsize=8)
+    ax.bar_label(bars, labels=["failed" if not s["ok"] else f"{m:,.0f}" for s, m in zip(settings, medians)], fontsize=8)
     ax.set_ylim(0, max([max(r) for r in runs] + [1.0]) * 1.15)  # never below 0, also when every setting failed
     ax.set_ylabel("samples / s (median run; bars: range of runs)")
     rec = report.get("recommendation") or {}
-    what = ("tie: " + ", ".join(rec["tied"]) if rec.get("verdict") == "tie"
-            else f"recommended: {rec['label']}" if rec else "")
+    what = (
+        "tie: " + ", ".join(rec["tied"])
+        if rec.get("verdict") == "tie"
+        else f"recommended: {rec['label']}"
+        if rec
+        else ""
+    )
     ax.set_title("throughput" + (f" ({what})" if what else ""))
     ax.tick_params(axis="x", labelrotation=30)
 
@@ -78,8 +85,9 @@ def _draw_queue(ax, setting: dict, last: bool) -> None:
     ax.set_xlim(left=0)
     ax.set_ylim(0, setting["queue"]["prefetch"] + 0.5)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # counts of batches
-    ax.set_title(f"{setting['label']}: batches ready when one is taken (prefetch {setting['queue']['prefetch']})",
-                 fontsize=9)
+    ax.set_title(
+        f"{setting['label']}: batches ready when one is taken (prefetch {setting['queue']['prefetch']})", fontsize=9
+    )
     if last:
         ax.set_xlabel("seconds since the measured window began")
     else:

@@ -9,6 +9,7 @@ pairs). Without data, thumbnails come from the findings' ``file`` paths, where t
     steadyfeed report findings.json -o report.html train.py:make_loader --against train.py:make_val
     steadyfeed report findings.json -o report.html --images photos/
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,15 +21,20 @@ from .spec import LOADER_FLAGS, SpecError, add_spec_arguments, describe, loader_
 
 HELP = "write one self-contained HTML page of findings: mislabels, image quality, duplicates, quarantine"
 INTERMIXED = True  # FINDINGS.json and SPEC on either side of the flags
-EXIT_CODES = ("exit codes: 0 written; 1 the page could not be written (the error says why; nothing is left at "
-              "OUT.html); 2 a usage error (unreadable FINDINGS, bad flags or SPEC)")
+EXIT_CODES = (
+    "exit codes: 0 written; 1 the page could not be written (the error says why; nothing is left at "
+    "OUT.html); 2 a usage error (unreadable FINDINGS, bad flags or SPEC)"
+)
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("findings", metavar="FINDINGS.json", help="the findings, as JSON")
     parser.add_argument("-o", "--output", required=True, metavar="OUT.html", help="the page to write")
-    add_spec_arguments(parser, exclude=tuple(LOADER_FLAGS),
-                       help="the training data, for thumbnails (FILE.py:NAME or MODULE:NAME: a Loader or a source)")
+    add_spec_arguments(
+        parser,
+        exclude=tuple(LOADER_FLAGS),
+        help="the training data, for thumbnails (FILE.py:NAME or MODULE:NAME: a Loader or a source)",
+    )
     parser.add_argument("--against", metavar="SPEC", help="a second split's data, for thumbnails of split 'against'")
     add_report_arguments(parser, with_output=False)
 
@@ -40,8 +46,13 @@ def add_report_arguments(parser, with_output: bool = True) -> None:
         group.add_argument("--report", metavar="OUT.html", help="also write the findings as one HTML page")
     group.add_argument("--image-key", default="x", metavar="KEY", help="the sample key of the image (default x)")
     group.add_argument("--title", default=None, metavar="TEXT", help="the page's title")
-    group.add_argument("--rows", type=int, default=ReportOptions.rows, metavar="N",
-                       help="entries shown per table (default %(default)s)")
+    group.add_argument(
+        "--rows",
+        type=int,
+        default=ReportOptions.rows,
+        metavar="N",
+        help="entries shown per table (default %(default)s)",
+    )
 
 
 def report_options(args, default_title: str) -> ReportOptions:

@@ -23,6 +23,7 @@ Guarantees:
   options, data a source refuses at construction) raises :class:`SpecError` with a
   one-line message; :func:`usage_error` prints it and returns exit code 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,9 @@ import importlib
 import os
 import sys
 import typing
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -108,8 +110,10 @@ def _import_file(path: str):
     name = Path(path).stem
     loaded = sys.modules.get(name)
     if loaded is not None and os.path.abspath(getattr(loaded, "__file__", None) or "") != path:
-        raise SpecError(f"cannot import {path} as module {name!r}: a module of that name is already loaded "
-                        f"from {getattr(loaded, '__file__', None)}; rename the file")
+        raise SpecError(
+            f"cannot import {path} as module {name!r}: a module of that name is already loaded "
+            f"from {getattr(loaded, '__file__', None)}; rename the file"
+        )
     if os.path.dirname(path) not in sys.path:
         sys.path.insert(0, os.path.dirname(path))
     return _import_module(name)
@@ -121,39 +125,73 @@ def _one_line(exc: BaseException) -> str:
 
 
 # -- arguments -------------------------------------------------------------------------------
-def add_spec_arguments(parser: argparse.ArgumentParser, *, metavar: str = "SPEC", help: str | None = None,
-                       exclude: tuple[str, ...] = ()) -> None:
+def add_spec_arguments(
+    parser: argparse.ArgumentParser, *, metavar: str = "SPEC", help: str | None = None, exclude: tuple[str, ...] = ()
+) -> None:
     """Add the positional spec (dest ``spec``, optional when a shortcut is used), the source
     shortcuts and the loader flags (less those named in ``exclude``, e.g. ``("workers", "mode")``)."""
-    parser.add_argument("spec", metavar=metavar, nargs="?", default=None,
-                        help=help or "FILE.py:NAME or MODULE:NAME: a function returning a steadyfeed.Loader "
-                                     "or a source (or such an object itself)")
+    parser.add_argument(
+        "spec",
+        metavar=metavar,
+        nargs="?",
+        default=None,
+        help=help
+        or "FILE.py:NAME or MODULE:NAME: a function returning a steadyfeed.Loader "
+        "or a source (or such an object itself)",
+    )
     shortcuts = parser.add_argument_group("data shortcuts (instead of SPEC)")
     shortcuts.add_argument("--npy-pairs", nargs=2, metavar=("INPUTS", "LABELS"), help="NpyPairs(INPUTS, LABELS)")
     shortcuts.add_argument("--npy", metavar="FILE", help="NpyArray(x=FILE), more files with --key NAME=FILE")
     shortcuts.add_argument("--hdf5", metavar="FILE", help="Hdf5Source(FILE, ...) with --key NAME=/dataset")
     shortcuts.add_argument("--images", metavar="DIR", help="ImageFolder(DIR): DIR/<class>/<image files>")
     shortcuts.add_argument("--csv", metavar="FILE", help="CsvSource(FILE, x=--x, y=--y)")
-    shortcuts.add_argument("--tfrecord", metavar="GLOB", help="TFRecordSource(GLOB): a pack output directory, or "
-                                                                 "TFRecord files (GZIP/ZLIB detected), their features "
-                                                                 "inferred or named with --feature")
-    shortcuts.add_argument("--feature", action="append", default=[], metavar="KEY=DTYPE[:SHAPE]",
-                           help="--tfrecord: a feature to read, e.g. x=float32:28,28, y=int64, name=bytes, text=str, "
-                                "tokens=int64:? ('?': a dimension of any length; repeatable; default: inferred from "
-                                "the first records)")
-    shortcuts.add_argument("--parquet", metavar="PATH", help="ParquetSource(PATH): a file, glob or directory; every "
-                                                              "column, or --x COLS (and --y COL)")
-    shortcuts.add_argument("--webdataset", metavar="SHARDS", help="WebDatasetSource(SHARDS): tar shards (a glob or "
-                                                                   "shard-{000..009}.tar); every member")
-    shortcuts.add_argument("--key", action="append", default=[], metavar="NAME=WHERE",
-                           help="a named array: a dataset path for --hdf5, a file for --npy (repeatable)")
-    shortcuts.add_argument("--x", metavar="COLS", help="--csv, --parquet: comma-separated input columns (--csv: "
-                                                        "names or 0-based)")
+    shortcuts.add_argument(
+        "--tfrecord",
+        metavar="GLOB",
+        help="TFRecordSource(GLOB): a pack output directory, or "
+        "TFRecord files (GZIP/ZLIB detected), their features "
+        "inferred or named with --feature",
+    )
+    shortcuts.add_argument(
+        "--feature",
+        action="append",
+        default=[],
+        metavar="KEY=DTYPE[:SHAPE]",
+        help="--tfrecord: a feature to read, e.g. x=float32:28,28, y=int64, name=bytes, text=str, "
+        "tokens=int64:? ('?': a dimension of any length; repeatable; default: inferred from "
+        "the first records)",
+    )
+    shortcuts.add_argument(
+        "--parquet",
+        metavar="PATH",
+        help="ParquetSource(PATH): a file, glob or directory; every column, or --x COLS (and --y COL)",
+    )
+    shortcuts.add_argument(
+        "--webdataset",
+        metavar="SHARDS",
+        help="WebDatasetSource(SHARDS): tar shards (a glob or shard-{000..009}.tar); every member",
+    )
+    shortcuts.add_argument(
+        "--key",
+        action="append",
+        default=[],
+        metavar="NAME=WHERE",
+        help="a named array: a dataset path for --hdf5, a file for --npy (repeatable)",
+    )
+    shortcuts.add_argument(
+        "--x", metavar="COLS", help="--csv, --parquet: comma-separated input columns (--csv: names or 0-based)"
+    )
     shortcuts.add_argument("--y", metavar="COL", help="--csv, --parquet: the label column")
-    shortcuts.add_argument("--dtype", action="append", default=[], metavar="KEY=DTYPE",
-                           help="--csv: a key's dtype, e.g. y=int64 (default float32), y=class for text labels")
-    shortcuts.add_argument("--delimiter", default=",", metavar="CHAR",
-                           help="--csv: the field delimiter (default ','; '\\t' for a tab)")
+    shortcuts.add_argument(
+        "--dtype",
+        action="append",
+        default=[],
+        metavar="KEY=DTYPE",
+        help="--csv: a key's dtype, e.g. y=int64 (default float32), y=class for text labels",
+    )
+    shortcuts.add_argument(
+        "--delimiter", default=",", metavar="CHAR", help="--csv: the field delimiter (default ','; '\\t' for a tab)"
+    )
     shortcuts.add_argument("--image-size", nargs=2, type=int, metavar=("H", "W"), help="--images: resize to H x W")
     shortcuts.add_argument("--channels", type=int, choices=(1, 3, 4), default=3, help="--images: channels (default 3)")
 
@@ -162,8 +200,9 @@ def add_spec_arguments(parser: argparse.ArgumentParser, *, metavar: str = "SPEC"
     for name in added:
         flags.add_argument(_flag(name), dest=name, default=None, **LOADER_FLAGS[name])
     if "last_batch" in added:  # the deprecated spelling still works, with a note on stderr
-        flags.add_argument("--drop-last", dest="drop_last", default=None, action=argparse.BooleanOptionalAction,
-                           help=argparse.SUPPRESS)
+        flags.add_argument(
+            "--drop-last", dest="drop_last", default=None, action=argparse.BooleanOptionalAction, help=argparse.SUPPRESS
+        )
         added += ("drop_last",)
     parser.set_defaults(loader_flags=added)  # loader_options reads these only: a command may reuse a name
 
@@ -184,8 +223,10 @@ def data_from_args(args: argparse.Namespace) -> Any:
     given = [name for name in _SHORTCUTS if getattr(args, name, None) is not None]
     if bool(args.spec) + len(given) != 1:
         got = [args.spec] * bool(args.spec) + [_flag(name) for name in given]
-        raise SpecError(f"give exactly one of SPEC, {', '.join(map(_flag, _SHORTCUTS))}"
-                        + (f" (got {', '.join(got)})" if got else ""))
+        raise SpecError(
+            f"give exactly one of SPEC, {', '.join(map(_flag, _SHORTCUTS))}"
+            + (f" (got {', '.join(got)})" if got else "")
+        )
     if args.spec:
         return resolve(args.spec)
     name = given[0]
@@ -232,8 +273,9 @@ def as_loader(obj: Any, options: dict, what: str) -> Loader:
     """``obj`` (a Loader or a source) as a Loader with ``options`` applied."""
     if not isinstance(obj, Loader) and not (hasattr(obj, "__len__") and hasattr(obj, "__getitem__")):
         hint = "; to turn an iterable into a source, use steadyfeed pack" if hasattr(obj, "__iter__") else ""
-        raise SpecError(f"{what} gave a {type(obj).__name__}, expected a steadyfeed.Loader or a source "
-                        f"(len + getitem){hint}")
+        raise SpecError(
+            f"{what} gave a {type(obj).__name__}, expected a steadyfeed.Loader or a source (len + getitem){hint}"
+        )
     try:
         if isinstance(obj, Loader):
             return obj.replace(**options) if options else obj
@@ -261,16 +303,19 @@ def _named(pairs: list[str], flag: str) -> dict[str, str]:
 
 def _npy(path: str, args) -> Any:
     from ..sources.npy import NpyArray
+
     return NpyArray(x=path, **_named(args.key, "--key"))
 
 
 def _npy_pairs(dirs: list[str], args) -> Any:
     from ..sources.npy import NpyPairs
+
     return NpyPairs(*dirs)
 
 
 def _hdf5(path: str, args) -> Any:
     from ..sources.hdf5 import Hdf5Source
+
     keys = _named(args.key, "--key")
     if not keys:
         raise SpecError("--hdf5 needs the datasets to read, e.g. --key x=/images --key y=/labels")
@@ -281,11 +326,13 @@ def _hdf5(path: str, args) -> Any:
 
 def _images(root: str, args) -> Any:
     from .. import sources
+
     return sources.ImageFolder(root, size=args.image_size, channels=args.channels)
 
 
 def _csv(path: str, args) -> Any:
     from ..sources.csv_rows import CsvSource
+
     if not args.x:
         raise SpecError("--csv needs the input columns, e.g. --x a,b,c (and --y label)")
     columns = [int(c) if c.isdigit() else c for c in args.x.split(",")]
@@ -302,19 +349,23 @@ def _features(pairs: list[str]) -> dict[str, Any] | None:
         try:
             shape = tuple(None if d.strip() == "?" else int(d) for d in dims.split(",") if d.strip()) if sep else ()
         except ValueError:
-            raise SpecError(f"--feature {key}={value}: a shape is comma-separated sizes or '?', e.g. "
-                            f"{key}={dtype}:28,28 or {key}={dtype}:?") from None
+            raise SpecError(
+                f"--feature {key}={value}: a shape is comma-separated sizes or '?', e.g. "
+                f"{key}={dtype}:28,28 or {key}={dtype}:?"
+            ) from None
         features[key] = dtype if dtype in ("bytes", "str") else (dtype, shape)
     return features or None
 
 
 def _tfrecord(paths: str, args) -> Any:
     from .. import sources
+
     return sources.TFRecordSource(paths, features=_features(args.feature))  # None: the manifest's, or inferred
 
 
 def _parquet(paths: str, args) -> Any:
     from .. import sources
+
     keys = {}
     if args.x:
         keys["x"] = [c for c in args.x.split(",")]
@@ -325,28 +376,51 @@ def _parquet(paths: str, args) -> Any:
 
 def _webdataset(shards: str, args) -> Any:
     from .. import sources
+
     return sources.WebDatasetSource(shards)
 
 
 _SHORTCUTS: dict[str, Callable[[Any, argparse.Namespace], Any]] = {
-    "npy_pairs": _npy_pairs, "npy": _npy, "hdf5": _hdf5, "images": _images, "csv": _csv, "tfrecord": _tfrecord,
-    "parquet": _parquet, "webdataset": _webdataset,
+    "npy_pairs": _npy_pairs,
+    "npy": _npy,
+    "hdf5": _hdf5,
+    "images": _images,
+    "csv": _csv,
+    "tfrecord": _tfrecord,
+    "parquet": _parquet,
+    "webdataset": _webdataset,
 }
 
 
 # -- reading a loader's data as it is ------------------------------------------------------------
-def raw_loader(loader: Loader, *, batch_size: int | None = None, workers: int | None = None,
-               mode: str | None = None, transform=None) -> Loader:
+def raw_loader(
+    loader: Loader,
+    *,
+    batch_size: int | None = None,
+    workers: int | None = None,
+    mode: str | None = None,
+    transform=None,
+) -> Loader:
     """A loader over ``loader``'s source as stored: every id once (excluded ones too), in id
     order, from the source itself (never a ``pack_to`` pack), no transform, one shard, ids in each batch, failing samples skipped (see its ``quarantine_report()``)
     however many fail, and nothing written to the original's quarantine file. ``transform``
     (default none) runs in its workers: what a command measures there (image scores)."""
     execution = loader.config.execution
     return at_setting(
-        loader, execution.workers if workers is None else workers, mode or execution.mode,
+        loader,
+        execution.workers if workers is None else workers,
+        mode or execution.mode,
         batch_size=batch_size or loader.config.read.batch_size,
-        transform=transform, shuffle=False, sampler=None, last_batch="partial", shard_index=0, shard_count=1,
-        on_error="skip", max_error_fraction=1.0, exclude=None, pack_to=None,
+        transform=transform,
+        shuffle=False,
+        sampler=None,
+        last_batch="partial",
+        shard_index=0,
+        shard_count=1,
+        on_error="skip",
+        max_error_fraction=1.0,
+        exclude=None,
+        pack_to=None,
     )
 
 

@@ -27,12 +27,14 @@ An array feature is accepted in either of two encodings:
 A missing feature, a feature of another kind, count or byte size raises :class:`DataError`
 naming the file, the record and the key, with what was expected and what was found.
 """
+
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +47,7 @@ NATIVE_LISTS = {"float32": "float_list", "int64": "int64_list"}  # what tf.io.Fi
 _LIST_DTYPES: dict[str, np.dtype] = {"float_list": np.dtype("float32"), "int64_list": np.dtype("int64")}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def example_classes() -> dict[str, Any]:  # protobuf message classes, made at run time
     """Message classes wire-compatible with tensorflow/core/example/{feature,example}.proto.
 
@@ -56,8 +58,9 @@ def example_classes() -> dict[str, Any]:  # protobuf message classes, made at ru
     pool_module = require("google.protobuf.descriptor_pool", "protobuf")
     factory = require("google.protobuf.message_factory", "protobuf")
     F = descriptor_pb2.FieldDescriptorProto
-    proto = descriptor_pb2.FileDescriptorProto(name="steadyfeed/tf_example.proto", package="tensorflow",
-                                               syntax="proto3")
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="steadyfeed/tf_example.proto", package="tensorflow", syntax="proto3"
+    )
 
     def message(name, *fields):
         msg = proto.message_type.add(name=name)
@@ -71,10 +74,15 @@ def example_classes() -> dict[str, Any]:  # protobuf message classes, made at ru
     message("BytesList", ("value", 1, F.TYPE_BYTES, repeated, ""))
     message("FloatList", ("value", 1, F.TYPE_FLOAT, repeated, ""))
     message("Int64List", ("value", 1, F.TYPE_INT64, repeated, ""))
-    feature = message("Feature", *[(kind, n, F.TYPE_MESSAGE, optional, f".tensorflow.{cls}")
-                                   for n, (kind, cls) in enumerate(
-                                       [("bytes_list", "BytesList"), ("float_list", "FloatList"),
-                                        ("int64_list", "Int64List")], start=1)])
+    feature = message(
+        "Feature",
+        *[
+            (kind, n, F.TYPE_MESSAGE, optional, f".tensorflow.{cls}")
+            for n, (kind, cls) in enumerate(
+                [("bytes_list", "BytesList"), ("float_list", "FloatList"), ("int64_list", "Int64List")], start=1
+            )
+        ],
+    )
     feature.oneof_decl.add(name="kind")
     for field in feature.field:
         field.oneof_index = 0
@@ -103,7 +111,7 @@ class FeatureSpec:
     shape: tuple = ()
 
     @classmethod
-    def parse(cls, key: str, spec: Any) -> "FeatureSpec":
+    def parse(cls, key: str, spec: Any) -> FeatureSpec:
         """From a user's spec: a FeatureSpec, "bytes", "str", a dtype, (dtype, shape) or a manifest dict."""
         try:
             if isinstance(spec, FeatureSpec):
@@ -124,11 +132,13 @@ class FeatureSpec:
                 raise ValueError(f"dtype {dt} has no byte encoding")
             return cls(_dtype_name(dt), shape)
         except (TypeError, ValueError, KeyError) as exc:
-            raise ValueError(f"feature {key!r}: cannot read spec {spec!r} ({exc}); expected (dtype, shape) such "
-                             f"as ('float32', (64, 64, 3)), a dtype for a scalar, 'bytes' or 'str'") from exc
+            raise ValueError(
+                f"feature {key!r}: cannot read spec {spec!r} ({exc}); expected (dtype, shape) such "
+                f"as ('float32', (64, 64, 3)), a dtype for a scalar, 'bytes' or 'str'"
+            ) from exc
 
     @classmethod
-    def of(cls, value: Any) -> "FeatureSpec":
+    def of(cls, value: Any) -> FeatureSpec:
         """The spec a sample value has: bytes/str (also 0-d) are variable-length, the rest arrays."""
         if isinstance(value, (bytes, bytearray, memoryview)):
             return cls("bytes")
@@ -195,8 +205,10 @@ class FeatureSpec:
         hint = ""
         if kind == self.native_list and None not in self.shape:
             hint = f"; declare ({self.dtype!r}, (None,)) for a list of any length"
-        raise DataError(f"feature {key!r}: expected {self._expected()}, found {kind or 'an empty feature'} "
-                        f"with {count} value(s){hint}")
+        raise DataError(
+            f"feature {key!r}: expected {self._expected()}, found {kind or 'an empty feature'} "
+            f"with {count} value(s){hint}"
+        )
 
     def _cast(self, values: np.ndarray, key: str) -> np.ndarray:
         """A native list's values as this spec's dtype; DataError naming the first value that does not fit."""
@@ -207,8 +219,10 @@ class FeatureSpec:
             low, high = (0, 1) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
             bad = np.flatnonzero((values < low) | (values > high))
             if bad.size:
-                raise DataError(f"feature {key!r}: value {values[bad[0]]} (at index {bad[0]}) does not fit "
-                                f"{self.dtype} ({low}..{high}); declare a wider dtype such as int64")
+                raise DataError(
+                    f"feature {key!r}: value {values[bad[0]]} (at index {bad[0]}) does not fit "
+                    f"{self.dtype} ({low}..{high}); declare a wider dtype such as int64"
+                )
         return values.astype(dtype)
 
     def default(self, value: Any, key: str):
@@ -239,8 +253,9 @@ class FeatureSpec:
         dtype = self.np_dtype
         shaped = None if len(raw) % dtype.itemsize else self._shaped(np.frombuffer(raw, dtype=dtype))
         if shaped is None:
-            raise DataError(f"feature {key!r}: expected {self._expected()}, found a bytes_list value of "
-                            f"{len(raw)} bytes")
+            raise DataError(
+                f"feature {key!r}: expected {self._expected()}, found a bytes_list value of {len(raw)} bytes"
+            )
         return shaped
 
     def _expected(self) -> str:
@@ -282,8 +297,9 @@ def check_sample(sample: Mapping[str, Any], specs: Mapping[str, FeatureSpec]) ->
     for key, spec in specs.items():
         found = FeatureSpec.of(sample[key])
         if found != spec:
-            raise DataError(f"key {key!r}: expected {spec.describe()} (as in the first sample), "
-                            f"found {found.describe()}")
+            raise DataError(
+                f"key {key!r}: expected {spec.describe()} (as in the first sample), found {found.describe()}"
+            )
 
 
 def encode_example(sample: Mapping[str, Any], specs: Mapping[str, FeatureSpec]) -> bytes:
@@ -329,8 +345,10 @@ def decode_example(data: bytes, specs: Mapping[str, FeatureSpec], defaults: Mapp
             sample[key] = defaults[key]
             continue
         if feature is None:
-            raise DataError(f"feature {key!r} is missing (the record has {sorted(feature_map)}); pass "
-                            f"defaults={{{key!r}: ...}} for records without it")
+            raise DataError(
+                f"feature {key!r} is missing (the record has {sorted(feature_map)}); pass "
+                f"defaults={{{key!r}: ...}} for records without it"
+            )
         sample[key] = spec.decode(feature, key)
     return sample
 
@@ -349,18 +367,22 @@ def infer_features(records: Sequence[bytes]) -> tuple[dict[str, FeatureSpec], li
     for key, found in sorted(kinds.items()):
         found.pop("empty", None)
         if len(found) > 1:
-            raise DataError(f"feature {key!r} is a {' in some of the first records and a '.join(sorted(found))} in "
-                            f"others: pass features= to say how to read it")
+            raise DataError(
+                f"feature {key!r} is a {' in some of the first records and a '.join(sorted(found))} in "
+                f"others: pass features= to say how to read it"
+            )
         if not found:
             notes.append(f"feature {key!r} is empty in the first {len(records)} record(s): left out")
             continue
-        (kind, counts), = found.items()
+        ((kind, counts),) = found.items()
         if kind == "bytes_list":
             if counts == {1}:
                 specs[key] = FeatureSpec("bytes")
             else:
-                notes.append(f"feature {key!r} is a bytes_list of {min(counts)}..{max(counts)} values: left out "
-                             f"(a bytes feature is one value)")
+                notes.append(
+                    f"feature {key!r} is a bytes_list of {min(counts)}..{max(counts)} values: left out "
+                    f"(a bytes feature is one value)"
+                )
             continue
         shape = () if counts == {1} else (counts.pop(),) if len(counts) == 1 and 0 not in counts else (None,)
         specs[key] = FeatureSpec(_LIST_DTYPES[kind].name, shape)

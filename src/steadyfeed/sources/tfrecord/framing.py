@@ -32,6 +32,7 @@ reads as usual, as ``tf.data`` reads them; the break itself is kept (its byte of
 for a compressed file the compressed byte where decompression stopped) for the source to
 report as one more, failing, record.
 """
+
 from __future__ import annotations
 
 import functools
@@ -57,7 +58,7 @@ FRAMING_BYTES = 16  # header + data CRC
 _MASK_DELTA = 0xA282EAD8
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _crc32c():
     return require("google_crc32c", "google-crc32c").value
 
@@ -118,15 +119,19 @@ def read_record(fd: int, path: str, number: int, offset: int, length: int) -> by
     buf = os.pread(fd, FRAMING_BYTES + length, offset)
     where = functools.partial(record_name, number, offset, path)  # formatted only for an error
     if len(buf) != FRAMING_BYTES + length:
-        raise DataError(f"{where()} is truncated: expected {FRAMING_BYTES + length} bytes, the file has "
-                        f"{len(buf)} there (did the file change after it was indexed?)")
+        raise DataError(
+            f"{where()} is truncated: expected {FRAMING_BYTES + length} bytes, the file has "
+            f"{len(buf)} there (did the file change after it was indexed?)"
+        )
     if _CRC.unpack_from(buf, 8)[0] != masked_crc(buf[:8]):
         raise DataError(f"CRC mismatch in the length of {where()}")
     declared = _LENGTH.unpack_from(buf)[0]
     if declared != length:
-        raise DataError(f"{where()} declares {declared} data bytes but its index says {length} "
-                        f"(did the file change after it was indexed?)")
-    data = buf[HEADER_BYTES:HEADER_BYTES + length]
+        raise DataError(
+            f"{where()} declares {declared} data bytes but its index says {length} "
+            f"(did the file change after it was indexed?)"
+        )
+    data = buf[HEADER_BYTES : HEADER_BYTES + length]
     if _CRC.unpack_from(buf, HEADER_BYTES + length)[0] != masked_crc(data):
         raise DataError(f"CRC mismatch in data of {where()}")
     return data
@@ -143,16 +148,19 @@ def check_header(fd: int, name: str, size: int, offset: int, number: int) -> int
     record = f"record {number} at byte {offset}"
     header = os.pread(fd, HEADER_BYTES, offset)
     if len(header) < HEADER_BYTES:
-        raise DataError(f"{name} is truncated: it ends inside the header of {record} "
-                        f"({len(header)} of {HEADER_BYTES} bytes)")
+        raise DataError(
+            f"{name} is truncated: it ends inside the header of {record} ({len(header)} of {HEADER_BYTES} bytes)"
+        )
     if _CRC.unpack_from(header, 8)[0] != masked_crc(header[:8]):
-        raise DataError(f"CRC mismatch in the length of {record} of {name}: "
-                        f"{_not_framed(header) if offset == 0 else 'damaged'}")
+        raise DataError(
+            f"CRC mismatch in the length of {record} of {name}: {_not_framed(header) if offset == 0 else 'damaged'}"
+        )
     length = _LENGTH.unpack_from(header)[0]
     left = size - offset - FRAMING_BYTES
     if length > left:
-        raise DataError(f"{name} is truncated or damaged: {record} declares {length} data bytes "
-                        f"but only {max(left, 0)} remain")
+        raise DataError(
+            f"{name} is truncated or damaged: {record} declares {length} data bytes but only {max(left, 0)} remain"
+        )
     return length
 
 
@@ -192,8 +200,10 @@ def _not_framed(head: bytes) -> str:
     kind = sniff_compression(head)
     if kind is None:
         return "not a TFRecord file, or damaged"
-    return (f"it is {kind}-compressed (TFRecordOptions(compression_type={kind!r})); read it with "
-            f"compression={kind!r} or compression=None (detected)")
+    return (
+        f"it is {kind}-compressed (TFRecordOptions(compression_type={kind!r})); read it with "
+        f"compression={kind!r} or compression=None (detected)"
+    )
 
 
 # -- compression ----------------------------------------------------------------------------------
@@ -217,13 +227,15 @@ def compression_name(value) -> str | None:
     name = str(value).upper()
     name = "" if name == "NONE" else name
     if name not in COMPRESSIONS:
-        raise ValueError(f"compression must be None (detect), 'NONE' / '', 'GZIP' or 'ZLIB' (TensorFlow's "
-                         f"compression_type), got {value!r}")
+        raise ValueError(
+            f"compression must be None (detect), 'NONE' / '', 'GZIP' or 'ZLIB' (TensorFlow's "
+            f"compression_type), got {value!r}"
+        )
     return name
 
 
 def sniff_compression(head: bytes) -> str | None:
-    """"GZIP" or "ZLIB" when ``head`` starts the way such a stream starts, else None."""
+    """ "GZIP" or "ZLIB" when ``head`` starts the way such a stream starts, else None."""
     if head[:2] == b"\x1f\x8b":
         return "GZIP"
     if len(head) >= 2 and head[0] & 0x0F == 8 and head[0] >> 4 <= 7 and (head[0] << 8 | head[1]) % 31 == 0:
@@ -318,9 +330,11 @@ class FileIndex:
                 parts.append(str(exc))
         if self.stream is not None:
             code, byte = self.stream
-            parts.append(f"the {self.compression} stream of {self.path} {STREAM_PROBLEMS[code]} near compressed "
-                         f"byte {byte}; nothing after byte {_end(self.rows) if self.broken is None else offset} of "
-                         f"its decompressed stream can be read")
+            parts.append(
+                f"the {self.compression} stream of {self.path} {STREAM_PROBLEMS[code]} near compressed "
+                f"byte {byte}; nothing after byte {_end(self.rows) if self.broken is None else offset} of "
+                f"its decompressed stream can be read"
+            )
         before = f"the {number} record(s) before it read (as tf.data reads them)" if number else "no record before it"
         return DataError(f"{'; '.join(parts)}; {before}")
 
@@ -340,8 +354,7 @@ def _tiles(rows: np.ndarray, end: int) -> bool:
         return end == 0
     offsets, lengths = rows[:, 0], rows[:, 1]
     ends = offsets + FRAMING_BYTES + lengths
-    return bool(offsets[0] == 0 and (lengths >= 0).all() and np.array_equal(offsets[1:], ends[:-1])
-                and ends[-1] == end)
+    return bool(offsets[0] == 0 and (lengths >= 0).all() and np.array_equal(offsets[1:], ends[:-1]) and ends[-1] == end)
 
 
 def _stamp(st: os.stat_result, compression: str) -> tuple:
@@ -365,16 +378,22 @@ def _load_cached(path: str, target: str, st: os.stat_result, compression: str, d
         data_st = st if not compression else os.stat(data_path)
     except OSError:  # the decompressed copy is gone
         return None
-    if (data_st.st_size, data_st.st_mtime_ns) != (size, mtime_ns) or code not in (0, *STREAM_PROBLEMS) or (
-            code and not compression):
+    if (
+        (data_st.st_size, data_st.st_mtime_ns) != (size, mtime_ns)
+        or code not in (0, *STREAM_PROBLEMS)
+        or (code and not compression)
+    ):
         return None
     if not _tiles(rows, broken if broken >= 0 else size) or broken >= size:
         return None
-    return FileIndex(path, data_path, compression, rows, broken if broken >= 0 else None, (code, byte) if code else None)
+    return FileIndex(
+        path, data_path, compression, rows, broken if broken >= 0 else None, (code, byte) if code else None
+    )
 
 
-def save_index(path: str, rows: np.ndarray, target: str, st: os.stat_result | None = None, *,
-               index: FileIndex | None = None) -> None:
+def save_index(
+    path: str, rows: np.ndarray, target: str, st: os.stat_result | None = None, *, index: FileIndex | None = None
+) -> None:
     """Cache ``rows`` at ``target`` as the index of ``path`` as ``st`` describes it (default: as it
     is now), atomically: concurrent builders never see half of one. ``index``: what else to keep
     (compression, decompressed copy, damage); without it, every record of an uncompressed file.
@@ -413,9 +432,11 @@ def _decompressed_copy(path: str, compression: str, data_path: str) -> tuple[int
         with atomic_file(data_path, fsync=False) as out:
             return decompress(path, compression, out)
     except OSError as exc:
-        raise DataError(f"{path} is {compression}-compressed: random access reads a decompressed copy, which "
-                        f"could not be written at {data_path} ({exc}); pass cache_dir= a writable directory "
-                        f"with room for the uncompressed data, or decompress the file first") from exc
+        raise DataError(
+            f"{path} is {compression}-compressed: random access reads a decompressed copy, which "
+            f"could not be written at {data_path} ({exc}); pass cache_dir= a writable directory "
+            f"with room for the uncompressed data, or decompress the file first"
+        ) from exc
 
 
 def load_index(path: str, cache_dir: str | os.PathLike | None = None) -> np.ndarray:

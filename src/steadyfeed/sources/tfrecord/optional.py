@@ -1,5 +1,6 @@
 """The optional packages TFRecord support needs (protobuf, google-crc32c), imported on first
 use so that ``import steadyfeed`` needs numpy alone."""
+
 from __future__ import annotations
 
 import importlib

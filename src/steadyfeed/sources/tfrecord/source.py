@@ -1,4 +1,5 @@
 """TFRecordSource: random access to the ``tf.train.Example`` records of TFRecord files."""
+
 from __future__ import annotations
 
 import bisect
@@ -6,7 +7,8 @@ import glob
 import hashlib
 import json
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -14,11 +16,19 @@ from ...errors import DataError
 from ..base import LazyHandles, file_fingerprint
 from .example import decode_example, example_classes, infer_features, parse_features
 from .framing import (
-    INDEX_SUFFIX, RAW_SUFFIX, FileIndex, compression_name, open_index, read_record, record_name, require_crc32c,
+    INDEX_SUFFIX,
+    RAW_SUFFIX,
+    FileIndex,
+    compression_name,
+    open_index,
+    read_record,
+    record_name,
+    require_crc32c,
 )
 from .manifest import read_manifest
 
 INFER_RECORDS = 100  # records read to infer features= when it is not given
+
 
 def require_support() -> None:
     """ImportError now, naming what to install, rather than on the first record."""
@@ -74,9 +84,15 @@ class TFRecordSource:
     without handles (workers reopen lazily).
     """
 
-    def __init__(self, paths: Any, features: Mapping[str, Any] | None = None, *,
-                 defaults: Mapping[str, Any] | None = None, compression: str | None = None,
-                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        paths: Any,
+        features: Mapping[str, Any] | None = None,
+        *,
+        defaults: Mapping[str, Any] | None = None,
+        compression: str | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         require_support()
         files, packed_specs, counts = _resolve(paths)
         for path in files:
@@ -108,12 +124,16 @@ class TFRecordSource:
             for r in range(min(len(index.rows), INFER_RECORDS - len(records))):
                 records.append(self._data(f, r))
         if not records:
-            raise ValueError(f"TFRecordSource cannot infer features= from {len(self.paths)} file(s) without a "
-                             f"readable record: pass features= (key -> (dtype, shape), 'bytes' or 'str')")
+            raise ValueError(
+                f"TFRecordSource cannot infer features= from {len(self.paths)} file(s) without a "
+                f"readable record: pass features= (key -> (dtype, shape), 'bytes' or 'str')"
+            )
         specs, notes = infer_features(records)
         if not specs:
-            raise ValueError(f"TFRecordSource found no feature it can read in the first {len(records)} record(s) "
-                             f"({'; '.join(notes)}): pass features=")
+            raise ValueError(
+                f"TFRecordSource found no feature it can read in the first {len(records)} record(s) "
+                f"({'; '.join(notes)}): pass features="
+            )
         return specs, notes
 
     def __len__(self) -> int:
@@ -166,8 +186,11 @@ class TFRecordSource:
 
     def fingerprint(self) -> str:
         specs = json.dumps({k: s.to_json() for k, s in self.specs.items()}, sort_keys=True)
-        defaults = repr(sorted((k, np.asarray(v).tobytes() if not isinstance(v, (bytes, str)) else v)
-                               for k, v in self.defaults.items()))
+        defaults = repr(
+            sorted(
+                (k, np.asarray(v).tobytes() if not isinstance(v, (bytes, str)) else v) for k, v in self.defaults.items()
+            )
+        )
         return hashlib.sha256(f"{file_fingerprint(self.paths)}\0{specs}\0{defaults}".encode()).hexdigest()
 
     def close(self) -> None:
