@@ -81,3 +81,8 @@ def test_a_manifest_of_another_version_is_refused_naming_both(tmp_path):
 def test_every_fixture_is_read_by_a_test():
     fixtures = {name for name in os.listdir(FORMATS) if name != "make_fixtures.py" and not name.startswith("__")}
     assert fixtures == {"loader-state-2.json", "pack-manifest-1"}, "a new fixture needs a test above"
+
+
+def test_the_changelog_has_a_section_for_this_version():
+    text = open(os.path.join(os.path.dirname(FORMATS), "..", "CHANGELOG.md"), encoding="utf-8").read()
+    assert f"\n## {sf.__version__} " in text, f"CHANGELOG.md has no '## {sf.__version__}' section"
