@@ -82,6 +82,7 @@ def test_killed_fit_resumes_with_the_same_trained_batches_and_weights(report):
 def test_loader_monitor_values_are_in_history(report):
     history = part(report, "modes")["thread"]["history"]
     assert sorted(history) == [
+        "data_from_pack",
         "data_quarantined",
         "data_queue_fill",
         "data_samples_per_sec",
@@ -94,6 +95,7 @@ def test_loader_monitor_values_are_in_history(report):
     assert all(0 <= v < 1000 for v in history["data_wait_ms_per_step"])
     assert all(0 <= v <= 4 for v in history["data_queue_fill"])  # prefetch = 2 * workers
     assert history["data_quarantined"] == [0.0] * EPOCHS
+    assert history["data_from_pack"] == [0.0] * EPOCHS  # no pack_to: every batch from the source
     # 20 batches, 640 samples, 0.5 s of waiting in 4 s; fill 90 - 20 over 20 batches
     assert part(report, "monitor_figures") == {
         "data_samples_per_sec": 160.0,
@@ -101,6 +103,7 @@ def test_loader_monitor_values_are_in_history(report):
         "data_wait_ms_per_step": 25.0,
         "data_queue_fill": 3.5,
         "data_quarantined": 2.0,
+        "data_from_pack": 0.0,
     }
 
 
