@@ -65,15 +65,29 @@ class FaultySource:
 
     fail: ids that raise; kill: ids that SIGKILL their own process (once per marker dir);
     hang: ids that mark ``entered-<id>`` and sleep until ``marker_dir/release`` exists (or ``hang_seconds``);
-    flaky: ids that fail on their first attempt (tracked by marker files).
+    flaky: ids that fail on their first attempt (tracked by marker files);
+    hang_on_node: a Ray node id on which every id hangs (so that node's actor is busy when it dies).
     """
 
-    def __init__(self, n, *, fail=(), kill=(), hang=(), flaky=(), marker_dir=None, slow=0.0, hang_seconds=HANG_SECONDS):
+    def __init__(
+        self,
+        n,
+        *,
+        fail=(),
+        kill=(),
+        hang=(),
+        flaky=(),
+        marker_dir=None,
+        slow=0.0,
+        hang_seconds=HANG_SECONDS,
+        hang_on_node=None,
+    ):
         self.inner = paired_source(n)
         self.fail, self.kill, self.hang, self.flaky = set(fail), set(kill), set(hang), set(flaky)
         self.marker_dir = marker_dir
         self.slow = slow
         self.hang_seconds = hang_seconds  # past a test's own timeout: then only the release ends the hang
+        self.hang_on_node = hang_on_node
 
     def __len__(self):
         return len(self.inner)
@@ -99,13 +113,19 @@ class FaultySource:
             raise OSError(f"transient read error on {i}")
         if i in self.kill and self._first_time("kill", i):
             os.kill(os.getpid(), signal.SIGKILL)
-        if i in self.hang:
+        if i in self.hang or (self.hang_on_node is not None and _ray_node() == self.hang_on_node):
             if self.marker_dir is not None:  # so a test can act while the sample is running
                 open(os.path.join(self.marker_dir, f"entered-{i}"), "w").close()
             deadline = time.monotonic() + self.hang_seconds
             while time.monotonic() < deadline and not os.path.exists(os.path.join(self.marker_dir, "release")):
                 time.sleep(0.02)
         return self.inner[i]
+
+
+def _ray_node() -> str | None:
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
 def failing_transform(sample, rng):

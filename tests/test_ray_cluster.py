@@ -74,18 +74,22 @@ def _our_actors() -> list[str]:
     return [n for n in names if n.startswith(ACTOR_PREFIX)]
 
 
-def _kill_when_entered(marker_dir: str, sample: int, pid: int) -> threading.Thread:
-    """Kill process ``pid`` once it is inside ``sample`` (FaultySource marks a hang's start)."""
+class _when_entered(threading.Thread):
+    """Calls ``action`` once any sample is inside a hang (FaultySource marks ``entered-<id>``)
+    and records when in ``done``; ``sample`` waits for that one."""
 
-    def kill():
-        path = os.path.join(marker_dir, f"entered-{sample}")
-        while not os.path.exists(path):
+    def __init__(self, marker_dir: str, action, sample: int | None = None):
+        super().__init__(daemon=True)
+        self.marker_dir, self.action, self.sample = marker_dir, action, sample
+        self.done: float | None = None
+        self.start()
+
+    def run(self):
+        wanted = "entered-" if self.sample is None else f"entered-{self.sample}"
+        while not any(name.startswith(wanted) for name in os.listdir(self.marker_dir)):
             time.sleep(0.02)
-        psutil.Process(pid).kill()
-
-    thread = threading.Thread(target=kill, daemon=True)
-    thread.start()
-    return thread
+        self.action()
+        self.done = time.monotonic()
 
 
 @pytest.mark.parametrize("node", ["head", "second"])
@@ -108,7 +112,7 @@ def test_actor_killed_on_either_node_blames_the_sample_it_was_on(node, how, node
         assert set(loader._pool.actor_nodes().values()) == {nodes[node]}
         assert loader._pool._running_actors()[0].attached == (node == "head")  # the second node keeps its own slot
         if how == "from-outside":
-            _kill_when_entered(marker_dir, 13, loader._pool.actor_pids()[0])
+            _when_entered(marker_dir, psutil.Process(loader._pool.actor_pids()[0]).kill, sample=13)
         with pytest.raises(WorkerDied) as info:
             list(batches)
     assert (info.value.sample_id, info.value.batch_index) == (sample, sample // 4)
@@ -151,31 +155,30 @@ def test_trainers_in_separate_drivers_get_disjoint_complete_shards_twice_alike(n
     assert second == first  # the same rows in the same order: a restart resumes the same epoch
 
 
-def test_node_lost_mid_epoch_goes_on_at_reduced_parallelism_exactly_once(nodes, cluster):
-    """An actor on each node; the second node's raylet is killed mid-epoch. Its batches re-run on
-    the head's actor, uncharged (retries=0: a charged sample would raise), while its replacement
-    waits for a CPU that never comes; the epoch completes, every sample once. (Last in the
-    module: the head lists a lost node as alive until its health checks give up on it.)"""
-    n = 800
-    with Loader(FaultySource(n, slow=0.002), 4, workers=2, mode="ray", with_ids=True) as loader:
+def test_node_lost_mid_epoch_goes_on_at_reduced_parallelism_exactly_once(nodes, cluster, marker_dir):
+    """An actor on each node; every sample hangs on the second node, and its raylet is killed as
+    soon as one has started there, so the epoch can only complete if the loss is seen: the lost
+    batches re-run on the head's actor, uncharged (retries=0: a charged sample would raise), while
+    the replacement waits for a CPU that never comes; every sample once. (Last in the module: the
+    head lists a lost node as alive until its health checks give up on it.)"""
+    n = 200
+    src = FaultySource(n, slow=0.002, marker_dir=marker_dir, hang_on_node=nodes["second"])
+    with Loader(src, 4, workers=2, mode="ray", with_ids=True) as loader:
         pool = loader._ensure_pool()
         while len(pool.actor_nodes()) < 2:  # both placed before the epoch, so the kill hits a busy actor
             assert pool.wait(0.5) == []
         assert set(pool.actor_nodes().values()) == {nodes["head"], nodes["second"]}
-        ids, gaps, killed, last = [], [], None, None
-        for i, batch in enumerate(loader):
-            now = time.monotonic()
+        killer = _when_entered(marker_dir, cluster.nodes[-1].kill_raylet)
+        ids, times = [], []
+        for batch in loader:
             ids.append(batch["id"])
-            if killed is not None:
-                gaps.append(now - last)
-            last = now
-            if i == 2:
-                cluster.nodes[-1].kill_raylet()
-                killed = now
+            times.append(time.monotonic())
         lost = set(pool._lost_nodes)
+    assert killer.done is not None  # the second node did start a sample, and died on it
     assert sorted(np.concatenate(ids).tolist()) == list(range(n))
     assert lost == {nodes["second"]}
+    after = [killer.done] + [t for t in times if t > killer.done]
     print(
-        f"\nnode lost mid-epoch: longest wait for a batch after the kill {max(gaps):.2f}s; "
-        f"epoch done {last - killed:.2f}s after the kill"
+        f"\nnode lost mid-epoch: longest wait for a batch after the kill {max(np.diff(after), default=0):.2f}s; "
+        f"epoch done {after[-1] - killer.done:.2f}s after the kill"
     )
