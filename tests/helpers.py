@@ -260,3 +260,29 @@ def jitter_rows(batch: dict) -> dict:
 
     time.sleep(random.random() * 0.3)
     return {"row": batch["id"], "x": batch["id"] * 3}
+
+
+class SlowToStart:
+    """A source that, unpickled in any process but its maker's, marks ``starting-<pid>`` and
+    waits for ``marker_dir/release``: a worker or actor held inside its start-up."""
+
+    def __init__(self, inner, marker_dir: str):
+        self.inner, self.marker_dir, self.maker = inner, marker_dir, os.getpid()
+
+    def __reduce__(self):
+        return (_slow_start, (self.inner, self.marker_dir, self.maker))
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        return self.inner[i]
+
+
+def _slow_start(inner, marker_dir: str, maker: int) -> SlowToStart:
+    if os.getpid() != maker:
+        open(os.path.join(marker_dir, f"starting-{os.getpid()}"), "w").close()
+        deadline = time.monotonic() + HANG_SECONDS
+        while time.monotonic() < deadline and not os.path.exists(os.path.join(marker_dir, "release")):
+            time.sleep(0.02)
+    return SlowToStart(inner, marker_dir)

@@ -25,7 +25,16 @@ ray = pytest.importorskip(
 pytest.importorskip("ray.data", reason="Ray Data is not installed (pip install 'steadyfeed[ray]')")
 
 from conftest import snapshot  # noqa: E402
-from helpers import FaultySource, assert_paired, child_processes, epoch_digest, jitter_rows, noisy, paired_source  # noqa: E402
+from helpers import (  # noqa: E402
+    FaultySource,
+    SlowToStart,
+    assert_paired,
+    child_processes,
+    epoch_digest,
+    jitter_rows,
+    noisy,
+    paired_source,
+)
 
 import steadyfeed.ray as sfr  # noqa: E402
 from steadyfeed import CollateError, Loader, SampleTimeout, WorkerDied  # noqa: E402
@@ -125,6 +134,24 @@ def test_actor_death_without_retries_names_the_sample(share_status, monkeypatch,
             list(batches)
     assert (info.value.sample_id, info.value.batch_index) == (9, 2)
     assert "Ray actor died" in str(info.value)
+
+
+def test_actor_cancelled_while_it_starts_leaves_no_status_slot(monkeypatch, marker_dir, no_ray_leaks):
+    """Ray cancels the creation of an actor still inside ``__init__`` when the pool shuts down
+    (seen in a suite run: its own status slot appeared after the pool had swept them). Held
+    while it unpickles the source, shut down, then let go: nothing of the pool is left once
+    its process is gone."""
+    monkeypatch.setattr(RayPool, "share_status", False)  # every actor would make a slot of its own
+    loader = Loader(SlowToStart(paired_source(N), marker_dir), 4, workers=1, mode="ray")
+    loader._ensure_pool()
+    while not (starting := [f for f in os.listdir(marker_dir) if f.startswith("starting-")]):
+        time.sleep(0.05)
+    loader.close()
+    open(os.path.join(marker_dir, "release"), "w").close()
+    pid = int(starting[0].split("-")[1])
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.05)
+    assert snapshot()["segments"] == []
 
 
 def test_skip_quarantines_with_the_same_fields_as_threads(marker_dir, no_ray_leaks):

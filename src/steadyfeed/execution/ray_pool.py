@@ -70,6 +70,7 @@ POLL_SECONDS = 0.1  # longest single wait, so placements, status polls and timeo
 START_SECONDS = 60.0  # no actor running for this long: the cluster lacks the CPUs asked for, or its nodes
 AGENT_SECONDS = 30.0  # longest wait for a node agent's answer (it may still be starting)
 SWEEP_SECONDS = 5.0  # longest wait, at shutdown, for the agents to remove the status slots
+KILL_SECONDS = 30.0  # longest wait, at shutdown, for killed actors' pending start-up answers
 ACTOR_PREFIX = "steadyfeed-"
 # what each actor asks of the cluster (tests add resources to pin a node)
 ACTOR_OPTIONS: dict[str, Any] = {"num_cpus": 1}
@@ -86,15 +87,27 @@ class BatchActor:
     def __init__(self, ctx: WorkContext, shared_slot: str, consumer_node: str, own_slot: str):
         self.ctx = ctx
         self.node_id = ray.get_runtime_context().get_node_id()
-        # the consumer's slot only on the consumer's node (a second node on the same machine
-        # sees the same /dev/shm, but is another node: it keeps its own slot, as a remote one)
+        self._slots: tuple | None = (shared_slot, consumer_node, own_slot)
+        self._map = None
+        self.kept: str | None = None
+        self.slot = StatusSlot([-1, -1, 0.0])  # none until started(): tasks come only after it
+
+    def _open_slot(self) -> None:
+        """The status slot, idle (task id -1) before anything reads it: the consumer's on the
+        consumer's node (a second node on the same machine sees the same /dev/shm, but is
+        another node: it keeps its own slot, as a remote one), else one of its own.
+        Made in ``started`` rather than ``__init__``: Ray can cancel an actor's creation while
+        ``__init__`` runs, so a slot made there could appear after the pool swept its slots;
+        ``started`` runs only on an actor that is alive."""
+        assert self._slots is not None  # opened once
+        (shared_slot, consumer_node, own_slot), self._slots = self._slots, None
         self._map = _map_slot(shared_slot) if shared_slot and self.node_id == consumer_node else None
         self.kept = "shared" if self._map is not None else None
         if self._map is None:
             self._map = _create_slot(own_slot)  # None without /dev/shm: deaths then charge no sample
             self.kept = None if self._map is None else own_slot
-        cells = [-1, -1, 0.0] if self._map is None else np.ndarray((3,), np.float64, buffer=self._map)
-        self.slot = StatusSlot(cells)  # idle (task id -1) before anything else reads it
+        if self._map is not None:
+            self.slot = StatusSlot(np.ndarray((3,), np.float64, buffer=self._map))
 
     def run(self, task: BatchTask) -> BatchResult:
         return portable(run_batch(task, self.ctx, self.slot))
@@ -102,6 +115,8 @@ class BatchActor:
     @ray.method(concurrency_group="status")
     def started(self) -> tuple:
         """(pid, node id, where the status is kept: "shared", the own slot's name, or None)."""
+        if self._slots is not None:
+            self._open_slot()
         return os.getpid(), self.node_id, self.kept
 
     @ray.method(concurrency_group="status")
@@ -450,11 +465,23 @@ class RayPool(WorkerPool):
         return None
 
     def shutdown(self) -> None:
+        starting = [a.started_ref for a in self.workers.values() if a.started_ref is not None]
         try:
             super().shutdown()
         finally:
+            self._settle(starting)
             self._close_agents()
             self._ctx_ref = None
+
+    def _settle(self, starting: list) -> None:
+        """Wait until the ``started`` calls still pending have answered or failed (the actor is
+        killed by now): one answering makes its status slot first, so the sweep after finds it."""
+        if not starting or not self.cluster_alive():
+            return
+        try:
+            ray.wait(starting, num_returns=len(starting), timeout=KILL_SECONDS)
+        except RayError:
+            pass  # the cluster went meanwhile: the actors went with it
 
     def _close_agents(self) -> None:
         agents, self._agents = self._agents, {}
