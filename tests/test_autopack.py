@@ -175,3 +175,25 @@ def test_shards_go_to_the_kernels_readahead_only_when_they_fit_in_memory(tmp_pat
     assert shards and autopack.prefetch(shards)
     monkeypatch.setattr(autopack, "available_memory", lambda: sum(p.stat().st_size for p in shards))  # 2x too little
     assert not autopack.prefetch(shards)
+
+
+def test_later_epochs_without_a_transform_read_the_pack_in_batches_bit_identically(tmp_path, monkeypatch):
+    """No transform: the files are read through NpyPairs.read_batch, the pack through
+    TFRecordSource.read_batch (never one sample at a time), and the batches are the same."""
+    from steadyfeed.sources.tfrecord import TFRecordSource
+
+    source = npy_pairs(tmp_path / "data")
+    kw = dict(shuffle=True, seed=2, with_ids=True, workers=0)
+    with Loader(source, 16, **kw) as plain:
+        reference = [epoch_digest(plain.epoch(e)) for e in range(3)]
+    with Loader(source, 16, pack_to=tmp_path / "packs", **kw) as loader:
+        digests = [epoch_digest(loader.epoch(0))]
+        assert loader.wait_for_pack(120), loader.stats()["pack"]
+        batched = []
+        real = TFRecordSource.read_batch
+        monkeypatch.setattr(TFRecordSource, "read_batch", lambda self, ids: batched.append(len(ids)) or real(self, ids))
+        for name in ("__getitem__", "read_many"):
+            monkeypatch.setattr(TFRecordSource, name, lambda *a: pytest.fail("a packed sample was read one by one"))
+        digests += [epoch_digest(loader.epoch(e)) for e in (1, 2)]
+        assert loader.reading == "pack" and sum(batched) == 2 * len(source)
+    assert digests == reference

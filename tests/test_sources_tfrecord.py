@@ -11,6 +11,8 @@ import numpy as np
 import psutil
 import pytest
 from helpers import assert_paired, epoch_digest, errors_in_threads, paired_source
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from steadyfeed import DataError, Loader, SampleError
 from steadyfeed.packing import pack
@@ -657,4 +659,266 @@ def test_decode_image_decodes_image_encoded_as_image_folder_decodes_the_file(tf_
         )
     with pytest.raises(DataError, match="record 9: not a decodable image"):
         decode_image(src[9]["image/encoded"][:30], where="record 9")
+    src.close()
+
+
+# -- read_batch: a batch of records straight into one array per feature ----------------------------
+def stacked(src, ids) -> dict:
+    """What the per-sample path makes of ``ids``: each ``src[i]``, stacked."""
+    samples = [src[int(i)] for i in ids]
+    return {key: np.stack([np.asarray(s[key]) for s in samples]) for key in src.specs}
+
+
+def assert_same_batch(batch: dict, expected: dict) -> None:
+    assert batch.keys() == expected.keys()
+    for key, want in expected.items():
+        got = batch[key]
+        assert type(got) is np.ndarray and got.dtype == want.dtype and got.shape == want.shape, key
+        assert got.flags.writeable and got.flags.c_contiguous, key  # fresh arrays the caller keeps
+        assert got.tobytes() == want.tobytes(), key  # bit for bit (NaN payloads included)
+
+
+class PerSample:
+    """A source read one sample at a time: its records, without its read_batch (the engine's fallback)."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def __len__(self):
+        return len(self.source)
+
+    def __getitem__(self, i):
+        return self.source[i]
+
+    def locate(self, i):
+        return self.source.locate(i)
+
+    def close(self):
+        self.source.close()
+
+
+SIGNALING_NAN = np.array([0x7F800001], np.uint32).view(np.float32)[0]
+
+
+def mixed_sample(i: int) -> dict:
+    rng = np.random.default_rng(i)
+    x = rng.normal(size=(3, 4)).astype(np.float32)
+    x[0, 0] = SIGNALING_NAN if i % 7 == 0 else x[0, 0]  # bit-exact, not only equal
+    return {
+        "x": x,
+        "y": np.int64(i * 1000 - 7),
+        "flags": rng.integers(0, 2, 5).astype(bool),
+        "pixels": rng.integers(0, 256, (2, 2), dtype=np.uint8),
+        "half": np.float16(i / 3),
+        "pair": (rng.normal(size=2) + 1j).astype(np.complex64),
+    }
+
+
+MIXED = 150
+
+
+@pytest.fixture(scope="module")
+def mixed_pack(tmp_path_factory):
+    """A pack of several dtypes and shapes, over three shards (read-only: tests share it)."""
+    return pack((mixed_sample(i) for i in range(MIXED)), tmp_path_factory.mktemp("mixed") / "pack", 64, progress=False)
+
+
+batch_ids = st.lists(st.integers(0, MIXED - 1), min_size=1, max_size=40)  # any order, repeats
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch_ids, st.sampled_from([None, ("x", "pixels"), ("y",)]))
+def test_read_batch_of_a_pack_is_the_samples_stacked_bit_for_bit(mixed_pack, ids, keys):
+    features = None if keys is None else {k: v for k, v in TFRecordSource(mixed_pack).specs.items() if k in keys}
+    src = TFRecordSource(mixed_pack, features=features)
+    assert_same_batch(src.read_batch(ids), stacked(src, ids))
+    assert src._layout is not None  # a pack's records are read through their layout, not parsed
+    assert_same_batch(src.read_batch(ids[::-1]), stacked(src, ids[::-1]))  # the layout learnt, reused
+    assert_same_batch(src.read_batch(np.array(ids)), stacked(src, ids))
+    src.close()
+
+
+@pytest.fixture(scope="module")
+def tf_fixed(tmp_path_factory):
+    """Two files written by tf.io.TFRecordWriter: native lists (float and int64), a raw-bytes
+    array, and a bytes feature of variable length that the specs below leave out."""
+    tf = pytest.importorskip("tensorflow", reason="tensorflow is not installed", exc_type=ImportError)
+    root = tmp_path_factory.mktemp("tf_fixed")
+    for name, numbers in (("part-0.tfrecord", range(0, 17)), ("part-1.tfrecord", range(17, 30))):
+        with tf.io.TFRecordWriter(str(root / name)) as writer:
+            for i in numbers:
+                feature = {
+                    "x": tf.train.Feature(float_list=tf.train.FloatList(value=[i + k / 8 for k in range(6)])),
+                    "w": tf.train.Feature(float_list=tf.train.FloatList(value=[i / 3])),
+                    "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[i * 10 - 50])),
+                    "small": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 7, 255])),
+                    "z": tf.train.Feature(
+                        bytes_list=tf.train.BytesList(value=[(np.arange(4, dtype="<u2") + i).tobytes()])
+                    ),
+                    "name": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"n" * (i % 3)])),
+                }
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    return root
+
+
+TF_FIXED = {"x": ("float32", (2, 3)), "w": "float64", "y": "int64", "small": ("uint8", (2,)), "z": ("uint16", (4,))}
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 29), min_size=1, max_size=30), st.sampled_from([TF_FIXED, {"z": ("uint16", (4,))}]))
+def test_read_batch_of_files_tensorflow_wrote_is_the_samples_stacked(tf_fixed, ids, features):
+    src = TFRecordSource(str(tf_fixed / "*.tfrecord"), features=features)
+    assert_same_batch(src.read_batch(ids), stacked(src, ids))
+    if "x" in features:
+        assert src._layout is None  # native lists: every record parsed, then put in its row
+    # z alone: a layout is learnt, but each record's other features differ, so each is parsed
+    assert_same_batch(src.read_batch(sorted(ids)), stacked(src, sorted(ids)))
+    src.close()
+
+
+def test_read_batch_infers_the_same_arrays_from_what_tensorflow_wrote(tf_fixed):
+    src = TFRecordSource(str(tf_fixed / "*.tfrecord"))  # inferred: name and z are bytes, so no stacked batch
+    assert src.read_batch is None
+    numbers = {k: v for k, v in src.specs.items() if v.dtype != "bytes"}
+    assert sorted(numbers) == ["small", "w", "x", "y"]
+    src = TFRecordSource(str(tf_fixed / "*.tfrecord"), features=numbers)
+    batch = src.read_batch([29, 0, 16, 17])
+    assert batch["y"].tolist() == [240, -50, 110, 120] and batch["x"].dtype == np.float32
+    assert batch["x"][:, 5].tolist() == [29.625, 0.625, 16.625, 17.625] and batch["small"].shape == (4, 2)
+    assert_same_batch(batch, stacked(src, [29, 0, 16, 17]))
+
+
+def field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (lengths below 128 here: one-byte varints)."""
+    assert len(payload) < 128
+    return bytes([number << 3 | 2, len(payload)]) + payload
+
+
+def raw_example(*entries: tuple[str, bytes]) -> bytes:
+    """An Example written by hand, map entries in the order given (one bytes_list value each)."""
+    feature_map = b"".join(
+        field(1, field(1, key.encode()) + field(2, field(1, field(1, value)))) for key, value in entries
+    )
+    return field(1, feature_map)
+
+
+def test_records_that_differ_from_the_first_in_more_than_values_are_parsed_or_raise(tmp_path):
+    """Same lengths, other places: a copy at the first record's offsets would swap or shift the values."""
+    x, y = np.float64(1.5).tobytes(), np.int64(-3).tobytes()
+    records = [
+        raw_example(("x", x), ("y", y)),
+        raw_example(("y", y), ("x", x)),  # the keys in the other order: x's bytes where y's were
+        raw_example(("x", x[:4]), ("y", y + x[:4])),  # as long, the values shifted: must raise
+        raw_example(("x", np.float64(2.5).tobytes()), ("y", np.int64(7).tobytes())),  # the layout's own
+        raw_example(("q", x), ("y", y)),  # another key of the same length: x is missing
+    ]
+    assert len({len(r) for r in records}) == 1
+    src = TFRecordSource(write_file(tmp_path / "h.tfrecord", records), features={"x": "float64", "y": "int64"})
+    assert_same_batch(src.read_batch([0, 1, 3]), stacked(src, [0, 1, 3]))
+    assert src.read_batch([3, 1])["x"].tolist() == [2.5, 1.5] and src._layout is not None
+    for bad, found in ((2, "found a bytes_list value of 4 bytes"), (4, "feature 'x' is missing")):
+        offset = bad * (len(records[0]) + 16)
+        with pytest.raises(DataError, match=rf"record {bad} at byte {offset} of .*h.tfrecord: .*{found}"):
+            src.read_batch([0, bad, 3])
+    with Loader(src, 5, workers=0) as loader:
+        with pytest.raises(SampleError, match="record 2 at .*found a bytes_list value of 4 bytes") as info:
+            list(loader)
+    assert info.value.sample_id == 2  # the first bad one: the fallback pins it
+
+
+@pytest.mark.parametrize(
+    "features,defaults,collate",
+    [
+        ({"x": ("float32", (None,)), "y": "int64"}, None, "pad"),  # a list of any length
+        ({"x": ("float32", (-1, 3)), "y": "int64"}, None, "pad"),
+        ({"x": ("float32", (2, 3)), "jpeg": "bytes"}, None, "pad"),
+        ({"y": "int64", "text": "str"}, None, "stack"),
+        ({"x": ("float32", (2, 3)), "y": "int64"}, {"y": -1}, "stack"),  # a default to put in
+    ],
+)
+def test_no_read_batch_without_fixed_number_arrays_and_the_loader_still_reads(tmp_path, features, defaults, collate):
+    records = [
+        example(
+            x=("float_list", [i + k / 8 for k in range(6)]),
+            y=("int64_list", [i * 10]),
+            jpeg=("bytes_list", [b"\xff\xd8" + bytes([i]) * (i % 5)]),
+            text=("bytes_list", [f"s{i % 10}".encode()]),
+        )
+        for i in range(15)
+    ]
+    src = TFRecordSource(write_file(tmp_path / "v.tfrecord", records), features=features, defaults=defaults)
+    assert src.read_batch is None and pickle.loads(pickle.dumps(src)).read_batch is None
+    with Loader(src, 4, collate=collate, with_ids=True) as loader:
+        batches = list(loader)
+    assert np.concatenate([b["id"] for b in batches]).tolist() == list(range(15))
+    for b in batches:
+        if "y" in b:
+            assert (b["y"] == b["id"] * 10).all()
+        if "x" in b:
+            assert (b["x"].reshape(len(b["id"]), -1)[:, 0] == b["id"]).all()
+
+
+def test_a_fixed_source_pickles_with_its_read_batch_and_layout(mixed_pack):
+    src = TFRecordSource(mixed_pack)
+    before = src.read_batch([3, 1])
+    copy = pickle.loads(pickle.dumps(src))
+    assert copy._layout is not None and copy._layout.gaps == src._layout.gaps
+    assert_same_batch(copy.read_batch([3, 1]), before)
+    assert_same_batch(before, stacked(src, [3, 1]))
+
+
+@pytest.mark.parametrize("where", ["payload", "last byte"])
+def test_a_corrupt_record_fails_the_batched_read_and_the_loader_names_it_as_before(packed, where, no_leaks):
+    path, offset, length = record_offset(TFRecordSource(packed), 70)
+    flip_byte(path, offset + 12 + (length // 2 if where == "payload" else length - 1))
+    src = TFRecordSource(packed)
+    with pytest.raises(DataError, match=rf"CRC mismatch in data of record 6 at byte {offset} of .*shard-00001"):
+        src.read_batch(range(64, 80))
+    assert_same_batch(src.read_batch(range(71, 90)), stacked(src, range(71, 90)))  # other records unharmed
+    src.close()
+
+    def failure(source):
+        with Loader(source, 16, shuffle=True, seed=3, workers=0) as loader:
+            with pytest.raises(SampleError) as info:
+                list(loader)
+        return info.value
+
+    fast, per_sample = failure(TFRecordSource(packed)), failure(PerSample(TFRecordSource(packed)))
+    message = lambda error: str(error).split("\n--- worker traceback")[0]  # noqa: E731 - the traceback has one more frame
+    assert (fast.sample_id, fast.location, message(fast)) == (
+        per_sample.sample_id,
+        per_sample.location,
+        message(per_sample),
+    )
+    assert fast.sample_id == 70 and "CRC mismatch in data of record 6" in str(fast)
+
+
+@pytest.mark.parametrize("workers,mode", [(0, "thread"), (2, "thread")])
+def test_a_loader_epoch_over_a_pack_takes_the_fast_path_bit_identically(mixed_pack, monkeypatch, workers, mode):
+    kw = dict(shuffle=True, seed=5, with_ids=True, workers=workers, mode=mode)
+    with Loader(PerSample(TFRecordSource(mixed_pack)), 16, **kw) as loader:
+        reference = [epoch_digest(loader.epoch(e)) for e in range(2)]
+    batched = []
+    real = TFRecordSource.read_batch
+    monkeypatch.setattr(TFRecordSource, "read_batch", lambda self, ids: batched.append(len(ids)) or real(self, ids))
+    for name in ("__getitem__", "read_many"):  # the per-sample path: never taken
+        monkeypatch.setattr(TFRecordSource, name, lambda *a: pytest.fail("a sample was read one by one"))
+    with Loader(TFRecordSource(mixed_pack), 16, **kw) as loader:
+        digests = [epoch_digest(loader.epoch(e)) for e in range(2)]
+    assert digests == reference and sum(batched) == 2 * MIXED
+
+
+def test_a_layout_is_kept_only_when_protobuf_proves_it(mixed_pack):
+    from steadyfeed.sources.tfrecord.example import RecordLayout
+
+    src = TFRecordSource(mixed_pack)
+    data = src._data(0, 3)
+    layout = RecordLayout.learn(data, src.specs)
+    assert layout is not None and layout.matches(data) and not layout.matches(data[:-1])
+    assert layout.payloads["x"][1] - layout.payloads["x"][0] == 48
+    for shift in (-1, 1):  # the walk's places off by one byte: protobuf decodes other bytes there
+        moved = {key: (start + shift, end + shift) for key, (start, end) in layout.payloads.items()}
+        assert not RecordLayout(data, moved)._proven(src.specs, data)
+    assert RecordLayout(data, layout.payloads)._proven(src.specs, data)
+    assert RecordLayout.learn(data, {**src.specs, "x": FeatureSpec("float32", (None,))}) is None  # no fixed size
     src.close()

@@ -7,7 +7,8 @@ One module per concept, each documenting its part of the on-disk encoding:
   records, GZIP / ZLIB streams (read through a decompressed copy), a damaged tail, and the
   cached offset index (``<file>.sfidx.npy``);
 * :mod:`.example`: ``tf.train.Example`` without TensorFlow, feature specs (given or
-  inferred), defaults, checked integer casts and the two accepted encodings of an array feature;
+  inferred), defaults, checked integer casts, the two accepted encodings of an array feature,
+  and ``RecordLayout`` (a batch of a pack's records copied into arrays without parsing, proven exact);
 * :mod:`.manifest`: ``manifest.json`` of a packed directory;
 * :mod:`.source`: :class:`TFRecordSource`;
 * :mod:`.optional`: protobuf and google-crc32c, imported on first use.

@@ -156,6 +156,12 @@ class FeatureSpec:
         return np.dtype(self.dtype).newbyteorder("<")
 
     @property
+    def stacks(self) -> bool:
+        """A number array of one shape in every record (no ``None`` dimension, not bytes/str):
+        what a batch of records reads straight into one preallocated array."""
+        return self.dtype not in VARIABLE_KINDS and None not in self.shape and self.np_dtype.kind in "biufc"
+
+    @property
     def fixed_size(self) -> int:
         """Values per record, not counting a ``None`` dimension (whose length each record sets)."""
         return math.prod(d for d in self.shape if d is not None)
@@ -351,6 +357,140 @@ def decode_example(data: bytes, specs: Mapping[str, FeatureSpec], defaults: Mapp
             )
         sample[key] = spec.decode(feature, key)
     return sample
+
+
+# -- a batch of records straight into arrays: the layout of records that differ only in their values --
+def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    """The varint at ``pos`` and the position after it; ValueError when it does not end before ``end``."""
+    value = shift = 0
+    while pos < end and shift < 64:
+        byte = data[pos]
+        value, pos, shift = value | (byte & 0x7F) << shift, pos + 1, shift + 7
+        if byte < 0x80:
+            return value, pos
+    raise ValueError("a varint runs past its message")
+
+
+def _fields(data: bytes, start: int, end: int) -> list[tuple[int, int, int, int]]:
+    """``(field number, wire type, value start, value end)`` of each field of the message in
+    ``data[start:end]`` (protobuf wire format); ValueError when it is not well-formed."""
+    fields = []
+    pos = start
+    while pos < end:
+        tag, pos = _varint(data, pos, end)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            value_start, (_, value_end) = pos, _varint(data, pos, end)
+        elif wire == 2:
+            size, value_start = _varint(data, pos, end)
+            value_end = value_start + size
+        elif wire in (1, 5):
+            value_start, value_end = pos, pos + (8 if wire == 1 else 4)
+        else:
+            raise ValueError(f"wire type {wire}")
+        if value_end > end:
+            raise ValueError("a field runs past its message")
+        fields.append((number, wire, value_start, value_end))
+        pos = value_end
+    return fields
+
+
+def _one(fields: list[tuple[int, int, int, int]], number: int) -> tuple[int, int]:
+    """Where the value of the message's only field, ``number`` of wire type 2, lies; ValueError else."""
+    if len(fields) != 1 or fields[0][:2] != (number, 2):
+        raise ValueError(f"expected one field {number}")
+    return fields[0][2], fields[0][3]
+
+
+def _payloads(data: bytes, keys: set) -> dict[str, tuple[int, int]]:
+    """Where the one bytes_list value of each of ``keys`` lies in a serialized Example (start,
+    end), found by walking its wire format; ValueError for any other layout (a key twice, a
+    feature of another kind, fields Example does not have). Only a guess until proven (see
+    :class:`RecordLayout`)."""
+    features = _one(_fields(data, 0, len(data)), 1)
+    payloads, seen = {}, set()
+    for number, wire, start, end in _fields(data, *features):
+        if (number, wire) != (1, 2):
+            raise ValueError("Features holds a field other than its map")
+        entry = {field[0]: field for field in _fields(data, start, end)}
+        if sorted(entry) != [1, 2] or entry[1][1] != 2 or entry[2][1] != 2:
+            raise ValueError("a map entry is not one key and one value")
+        key = data[entry[1][2] : entry[1][3]].decode("utf-8")
+        if key in seen:
+            raise ValueError(f"key {key!r} twice")
+        seen.add(key)
+        if key in keys:
+            bytes_list = _one(_fields(data, entry[2][2], entry[2][3]), 1)
+            payloads[key] = _one(_fields(data, *bytes_list), 1)
+    if payloads.keys() != keys:
+        raise ValueError("a feature is missing")
+    return payloads
+
+
+class RecordLayout:
+    """Where each feature's raw bytes lie in records that differ from a first one only there.
+
+    ``pack`` writes every record of a dataset with the same bytes but for the values of its
+    features (each one bytes_list value of a fixed size), so a batch can copy those values
+    straight into its arrays without parsing each record. Exact by construction:
+
+    * learnt from a record (``learn``) that decodes with the specs, by walking its wire
+      format to each feature's value, then **proven** with protobuf itself: two probes, the
+      record with every value replaced by random bytes and then by their complement, must
+      decode (``decode_example``) to exactly the bytes put there, or no layout is kept;
+    * a record is read through the layout only when it has the first record's length and the
+      same bytes everywhere outside the values (``matches``): protobuf then parses it as it
+      parsed the probes (bytes inside a bytes field are never interpreted), so the bytes
+      copied are the values ``decode_example`` returns. Any other record is parsed.
+
+    Only for specs that ``stack`` in the machine's byte order (little-endian): the raw bytes
+    are then the array's bytes.
+    """
+
+    def __init__(self, template: bytes, payloads: dict[str, tuple[int, int]]):
+        self.size = len(template)
+        self.payloads = payloads
+        spans = sorted(payloads.values())
+        if any(end > start for (_, end), (start, _) in zip(spans, spans[1:])):
+            raise ValueError("values overlap")
+        edges = [0, *(edge for span in spans for edge in span), len(template)]
+        # the bytes between the values: what every record read through the layout must repeat
+        self.gaps = [(a, b, template[a:b]) for a, b in zip(edges[::2], edges[1::2]) if b > a]
+
+    @classmethod
+    def learn(cls, data: bytes, specs: Mapping[str, FeatureSpec]) -> RecordLayout | None:
+        """The layout of ``data`` (a record that ``decode_example`` reads with ``specs``), proven
+        exact, or None where it has none (a native list, a feature of variable size, an
+        unusual encoding, a big-endian machine)."""
+        if not specs or not all(spec.stacks and spec.np_dtype.isnative for spec in specs.values()):
+            return None
+        try:
+            layout = cls(data, _payloads(data, set(specs)))
+        except (ValueError, IndexError):
+            return None
+        return layout if layout._proven(specs, data) else None
+
+    def _proven(self, specs: Mapping[str, FeatureSpec], data: bytes) -> bool:
+        """Whether protobuf decodes the record with random values (then their complement) put in
+        the layout's places to exactly those values."""
+        probe = bytearray(data)
+        fill = np.random.default_rng().integers(0, 256, len(data), dtype=np.uint8)
+        for values in (fill, ~fill):
+            for start, end in self.payloads.values():
+                probe[start:end] = values[start:end].tobytes()
+            try:
+                sample = decode_example(bytes(probe), specs)
+            except DataError:
+                return False
+            for key, (start, end) in self.payloads.items():
+                value = sample[key]
+                if value.nbytes != end - start or value.tobytes() != bytes(probe[start:end]):
+                    return False
+        return True
+
+    def matches(self, data: bytes) -> bool:
+        """Whether ``data`` repeats the template everywhere outside the values."""
+        return len(data) == self.size and all(data[a:b] == gap for a, b, gap in self.gaps)
 
 
 def infer_features(records: Sequence[bytes]) -> tuple[dict[str, FeatureSpec], list[str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import glob
 import hashlib
+import itertools
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -14,7 +15,7 @@ import numpy as np
 
 from ...errors import DataError
 from ..base import LazyHandles, file_fingerprint
-from .example import decode_example, example_classes, infer_features, parse_features
+from .example import RecordLayout, decode_example, example_classes, infer_features, parse_features
 from .framing import (
     INDEX_SUFFIX,
     RAW_SUFFIX,
@@ -82,6 +83,12 @@ class TFRecordSource:
     loader raises, or quarantines it under ``on_error="skip"``: never silent); reads use
     ``os.pread`` on per-process handles, so threads share the source safely and it pickles
     without handles (workers reopen lazily).
+
+    ``read_batch`` (the loader's no-transform fast path) reads a batch straight into one array
+    per feature when every feature is a fixed-shape number array and no default is given; a
+    pack's records are then copied at known places, without parsing (see ``RecordLayout``), the
+    very values ``self[i]`` returns. Otherwise ``read_batch`` is None and samples are read one
+    by one.
     """
 
     def __init__(
@@ -116,6 +123,12 @@ class TFRecordSource:
         if unknown:
             raise ValueError(f"defaults names {unknown}, which are not features; features are {sorted(self.specs)}")
         self.defaults = {key: self.specs[key].default(value, key) for key, value in (defaults or {}).items()}
+        self._layout: RecordLayout | None = None  # learnt from the first record a batch reads (see read_batch)
+        self._layout_tried = False
+        if self.defaults or not all(spec.stacks for spec in self.specs.values()):
+            # no stacked batch (a variable dimension, bytes / str, a default to put in): the engine
+            # reads samples (read_many); setattr: an instance attribute hides the method
+            setattr(self, "read_batch", None)  # noqa: B010 - mypy refuses assigning to a method
 
     def _infer(self) -> tuple[dict, list[str]]:
         """Specs from the first good records (up to INFER_RECORDS, across files)."""
@@ -151,18 +164,51 @@ class TFRecordSource:
         """The data of record ``r`` of file ``f``, CRCs checked; the damage's error past the last good record."""
         index = self._files[f]
         with self._handles.use(index.data_path) as fd:
-            if r == len(index.rows):
-                raise index.damage_error(fd)
-            return read_record(fd, index.name, r, index.rows.item(r, 0), index.rows.item(r, 1))
+            return _read(fd, index, r)
 
-    def __getitem__(self, i: int) -> dict:
-        f, r = self._record(i)
-        data = self._data(f, r)
+    def _decode(self, data: bytes, f: int, r: int) -> dict:
         try:
             return decode_example(data, self.specs, self.defaults)
         except DataError as exc:
             index = self._files[f]
             raise DataError(f"{record_name(r, index.rows.item(r, 0), index.name)}: {exc}") from None
+
+    def __getitem__(self, i: int) -> dict:
+        f, r = self._record(i)
+        return self._decode(self._data(f, r), f, r)
+
+    def read_batch(self, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
+        """The samples of ``ids`` as one fresh array per feature (first dimension ``len(ids)``), the
+        records read in file and offset order (CRCs checked) and each one's values put straight
+        into its row: copied at their places when the record has the layout of the first one read
+        (:class:`RecordLayout`, exact), else decoded as ``self[i]`` decodes them. Offered only
+        when every feature ``stacks`` and no default is given (else ``read_batch`` is None).
+        A bad record raises as ``self[i]`` would (the engine then reads one by one, which names
+        the sample)."""
+        ids = [int(i) for i in ids]
+        where = [self._record(i) for i in ids]
+        n = len(ids)
+        out = {key: np.empty((n, *spec.shape), spec.np_dtype.newbyteorder("=")) for key, spec in self.specs.items()}
+        raw = {
+            key: column.reshape(-1).view(np.uint8).reshape(n, -1 if column.size else 0) for key, column in out.items()
+        }
+        for f, run in itertools.groupby(sorted(range(n), key=ids.__getitem__), key=lambda k: where[k][0]):
+            index = self._files[f]
+            with self._handles.use(index.data_path) as fd:
+                for k in run:
+                    r = where[k][1]
+                    data = _read(fd, index, r)
+                    layout = self._layout
+                    if layout is not None and layout.matches(data):
+                        for key, (start, end) in layout.payloads.items():
+                            raw[key][k] = np.frombuffer(data, np.uint8, end - start, start)
+                        continue
+                    for key, value in self._decode(data, f, r).items():
+                        out[key][k] = value
+                    if not self._layout_tried:  # once: a record that decoded, the first one read
+                        self._layout_tried = True
+                        self._layout = RecordLayout.learn(data, self.specs)
+        return out
 
     def read_many(self, ids: Sequence[int] | np.ndarray) -> list[dict]:
         """The samples of ``ids`` (in that order), read in file and offset order."""
@@ -199,6 +245,14 @@ class TFRecordSource:
     def __repr__(self) -> str:
         features = ", ".join(f"{k}={s.describe()}" for k, s in self.specs.items())
         return f"TFRecordSource({len(self)} records in {len(self.paths)} file(s); {features})"
+
+
+def _read(fd: int, index: FileIndex, r: int) -> bytes:
+    """The data of record ``r`` of the file ``index`` describes (open as ``fd``), CRCs checked; the
+    damage's error for the record past the last good one."""
+    if r == len(index.rows):
+        raise index.damage_error(fd)
+    return read_record(fd, index.name, r, index.rows.item(r, 0), index.rows.item(r, 1))
 
 
 def _opened(path: str, compression: str | None, cache_dir) -> FileIndex:
