@@ -76,8 +76,13 @@ def grey(images: np.ndarray, value_range: float | None = None) -> np.ndarray:
     """A batch of images ``(N, H, W[, C])`` as float32 grey ``(N, H, W)`` in [0, 1]."""
     a = np.asarray(images)
     scale = value_range or (np.iinfo(a.dtype).max if a.dtype.kind in "iu" else 1.0)
-    if a.ndim == 4:
-        a = a[..., 0] if a.shape[-1] == 1 else np.tensordot(a[..., :3].astype(np.float32), LUMA, axes=([3], [0]))
+    if a.ndim == 4 and a.shape[-1] == 1:
+        a = a[..., 0]
+    elif a.ndim == 4:
+        # elementwise, not tensordot: BLAS blocks by size, so an image would not score alike
+        # alone and in a batch
+        rgb = a[..., :3].astype(np.float32)
+        a = rgb[..., 0] * LUMA[0] + rgb[..., 1] * LUMA[1] + rgb[..., 2] * LUMA[2]
     return np.clip(a.astype(np.float32) / np.float32(scale), 0.0, 1.0)
 
 
@@ -89,9 +94,12 @@ def scores(images: np.ndarray, value_range: float | None = None) -> dict[str, np
         a = a[None]
     g = grey(a, value_range)
     laplacian = g[:, :-2, 1:-1] + g[:, 2:, 1:-1] + g[:, 1:-1, :-2] + g[:, 1:-1, 2:] - 4 * g[:, 1:-1, 1:-1]
-    pixels = g.reshape(len(g), -1)
+    # float64 before reducing: a reduction that casts as it goes is buffered in chunks that
+    # need not follow the rows, while each contiguous row of a float64 array is summed alike
+    # alone and in a batch
+    pixels = g.reshape(len(g), -1).astype(np.float64)
     return {
-        "blur": laplacian.reshape(len(g), -1).var(axis=1, dtype=np.float64),
+        "blur": laplacian.reshape(len(g), -1).astype(np.float64).var(axis=1),
         "underexposed": (pixels <= BLACK).mean(axis=1, dtype=np.float64),
         "overexposed": (pixels >= WHITE).mean(axis=1, dtype=np.float64),
         "low_contrast": pixels.std(axis=1, dtype=np.float64),
