@@ -48,6 +48,18 @@ class Result:
         return f"{self.family} {self.setting}"
 
 
+def photo_like(rng: np.random.Generator, side: int) -> np.ndarray:
+    """A photo-like uint8 image ``(side, side, 3)``: a smooth random colour field plus noise
+    (about 8 KB as a quality-90 JPEG at 128 x 128)."""
+    from PIL import Image
+
+    field = Image.fromarray(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)).resize(
+        (side, side), Image.Resampling.BILINEAR
+    )
+    noise = rng.normal(0, 12, (side, side, 3))
+    return np.clip(np.asarray(field, np.float64) + noise, 0, 255).astype(np.uint8)
+
+
 def time_epochs(epoch: EpochFn, epochs: int, warmup: bool = True) -> tuple[bool, float]:
     """Runs a warm-up epoch (0, which also starts workers and touches the data) unless told
     not to, then ``epochs`` timed ones; returns (every epoch covered, median seconds)."""

@@ -70,6 +70,7 @@ from _common import (
     heading,
     keras_adapter,
     keras_batches,
+    photo_like,
     run_line,
     table,
     time_interleaved,
@@ -153,11 +154,7 @@ def generate_jpeg(root: str, n: int) -> None:
     for c in range(2):
         os.makedirs(os.path.join(root, f"class_{c}"))
     for i in range(n):
-        field = Image.fromarray(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)).resize(
-            (JPEG_SIDE, JPEG_SIDE), Image.Resampling.BILINEAR
-        )
-        noise = rng.normal(0, 12, (JPEG_SIDE, JPEG_SIDE, 3))
-        img = np.clip(np.asarray(field, np.float64) + noise, 0, 255).astype(np.uint8)
+        img = photo_like(rng, JPEG_SIDE)
         for b in range(JPEG_BITS):
             r, c = divmod(b, JPEG_BITS // 2)
             img[r * JPEG_BLOCK : (r + 1) * JPEG_BLOCK, c * JPEG_BLOCK : (c + 1) * JPEG_BLOCK] = (

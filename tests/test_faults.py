@@ -437,6 +437,26 @@ def test_close_is_idempotent_and_closed_loader_refuses(no_leaks):
         list(loader)
 
 
+@pytest.mark.parametrize("calls_before", [0, 1])  # the first worker's status segment, the second's
+def test_ctrl_c_inside_a_segments_creation_leaves_no_segment(calls_before, monkeypatch, no_leaks):
+    """A Ctrl-C between shm_open and ftruncate (seen under load: an empty status segment left in
+    /dev/shm): SharedMemory cleans up after an OSError only, so steadyfeed does the rest."""
+    real, calls = os.ftruncate, []
+
+    def ftruncate(fd, size):
+        calls.append(size)
+        if len(calls) > calls_before:
+            raise KeyboardInterrupt
+        return real(fd, size)
+
+    monkeypatch.setattr(os, "ftruncate", ftruncate)
+    with pytest.raises(KeyboardInterrupt):
+        with Loader(paired_source(40), 4, workers=2, mode="process") as loader:
+            next(iter(loader))
+    monkeypatch.undo()
+    assert len(calls) == calls_before + 1
+
+
 def test_garbage_collected_loader_stops_its_workers(no_leaks):
     loader = Loader(paired_source(100), 4, workers=2, mode="process")
     list(loader)  # a full epoch keeps the workers for the next one

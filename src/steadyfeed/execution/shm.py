@@ -98,7 +98,15 @@ def reserve(name: str, size: int) -> None:
 def create_reserved(name: str, size: int) -> shared_memory.SharedMemory:
     """A new segment ``name`` of ``size`` bytes with its pages reserved (``reserve``), or NoRoom
     with nothing left behind."""
-    segment = shared_memory.SharedMemory(name=name, create=True, size=size)
+    try:
+        segment = shared_memory.SharedMemory(name=name, create=True, size=size)
+    except FileExistsError:
+        raise  # someone else's: never unlink it
+    except BaseException:
+        # SharedMemory unlinks what it made only on an OSError: a Ctrl-C between its shm_open
+        # and its ftruncate left an empty segment of this (unique) name behind
+        _unlink_name(name)
+        raise
     try:
         reserve(segment.name.lstrip("/"), size)
     except BaseException:

@@ -174,10 +174,11 @@ class ProcessWorker:
         _check_not_bootstrapping()
         # status cells live in a tiny segment of ours (not multiprocessing's heap, whose
         # arena file stays open for the life of the interpreter)
-        self._status_segment: shm.shared_memory.SharedMemory | None = shm.create_status(f"{token}s{wid}")
+        self._status_segment: shm.shared_memory.SharedMemory | None = None
         self.conn: Any = None  # a Connection once the pipe is made
         child = None
         try:
+            self._status_segment = shm.create_status(f"{token}s{wid}")
             self.status = StatusSlot(shm.status_cells(self._status_segment))
             self.conn, child = mpctx.Pipe(duplex=True)
             self.process = mpctx.Process(
