@@ -457,6 +457,28 @@ def test_ctrl_c_inside_a_segments_creation_leaves_no_segment(calls_before, monke
     assert len(calls) == calls_before + 1
 
 
+@pytest.mark.parametrize(
+    "mode,thread",
+    [("thread", "steadyfeed-thread-1"), ("process", "steadyfeed-receiver"), ("process", "steadyfeed-sender")],
+)
+def test_ctrl_c_inside_a_threads_start_leaves_nothing(mode, thread, monkeypatch, no_leaks):
+    """A Ctrl-C while ``Thread.start()`` waits for the new thread (a window of milliseconds on
+    a loaded machine; the sender and receiver were once left running): the thread runs, the
+    start raises, and whatever the loader had started must still stop."""
+    real = threading.Thread.start
+
+    def start(self):
+        real(self)
+        if self.name == thread:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(KeyboardInterrupt):
+        with Loader(paired_source(40), 4, workers=2, mode=mode) as loader:
+            next(iter(loader))
+    monkeypatch.undo()
+
+
 def test_garbage_collected_loader_stops_its_workers(no_leaks):
     loader = Loader(paired_source(100), 4, workers=2, mode="process")
     list(loader)  # a full epoch keeps the workers for the next one

@@ -238,8 +238,12 @@ class ProcessPool(_OutboxPool):
         self._slots = shm.ConsumerSlots()
         self._outbox = queue.SimpleQueue()
         self._receiver = ResultReceiver(self._slots, self._outbox, ctx.niceness)
-        self._sender = TaskSender(self._outbox, ctx.niceness)
-        super().__init__(ctx, size, timeout)
+        try:
+            self._sender = TaskSender(self._outbox, ctx.niceness)
+        except BaseException:  # Ctrl-C while it started: the receiver runs already
+            self._receiver.stop()
+            raise
+        super().__init__(ctx, size, timeout)  # stops both threads itself if a worker fails to start
 
     def _new_worker(self, wid: int) -> ProcessWorker:
         try:

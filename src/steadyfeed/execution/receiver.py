@@ -44,7 +44,11 @@ class ResultReceiver:
         self._watching: dict[int, tuple[Connection, int]] = {}  # wid -> (its pipe, its sentinel), duplicated
         self._stopping = False
         self._thread = threading.Thread(target=self._main, name="steadyfeed-receiver", daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:  # Ctrl-C inside start(): the thread may run already, and no pool knows of it
+            self.stop()
+            raise
 
     def watch(self, wid: int, conn: Connection, sentinel: int) -> None:
         """Receive from worker ``wid`` from now on. Called by the consumer: epoll takes new
@@ -58,7 +62,10 @@ class ResultReceiver:
         """End the thread (after the workers have stopped) and close what it held."""
         self._stopping = True
         os.write(self._wake_write, b"x")
-        self._thread.join(JOIN_SECONDS)
+        if self._thread.ident is None:  # never ran (its start failed): nothing closed the selector
+            self._selector.close()
+        else:
+            self._thread.join(JOIN_SECONDS)
         if not self._thread.is_alive():  # else it still holds them: leave them to exit
             os.close(self._wake_read)
             os.close(self._wake_write)

@@ -33,7 +33,11 @@ class TaskSender:
         self._outbox, self._niceness = outbox, niceness
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, name="steadyfeed-sender", daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:  # Ctrl-C inside start(): the thread may run already, and no pool knows of it
+            self._queue.put(None)
+            raise
 
     def pipe_for(self, conn: Connection) -> Connection:
         """This thread's own handle on ``conn``'s pipe, to pass to ``send`` and ``forget``."""
