@@ -253,10 +253,11 @@ def test_the_ray_developer_apis_the_bridges_use_exist():
     assert hasattr(ds.context, "target_max_block_size")
 
 
-@pytest.mark.timeout(180)  # four passes of Ray Data, two of them sorts, on a busy 2-core machine
+# four passes of Ray Data, two of them sorts: 14 s idle, past 180 s with both cores kept busy
+@pytest.mark.timeout(480)
 def test_ray_data_source_order_does_not_depend_on_how_ray_ran_it(no_ray_leaks):
-    ds = ray.data.range(400, override_num_blocks=12).map_batches(  # 4 at once, finishing in any order
-        jitter_rows, num_cpus=0.25, compute=ray.data.TaskPoolStrategy(size=4)
+    ds = ray.data.range(400, override_num_blocks=6).map_batches(  # 3 at once, finishing in any order
+        jitter_rows, num_cpus=0.25, compute=ray.data.TaskPoolStrategy(size=3)
     )
     first, second = sfr.source_from_ray_dataset(ds), sfr.source_from_ray_dataset(ds)
     assert _rows(first) == _rows(second) == list(range(400))  # the dataset's own order, each time
