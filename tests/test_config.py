@@ -43,7 +43,7 @@ def test_a_config_is_a_base_that_keywords_override():
         "process",
         2,
     )
-    assert loader.replace(workers=0).config.execution == sf.ExecutionOptions(mode="process")
+    assert loader.replace(workers=0).config.execution == sf.ExecutionOptions(workers=0, mode="process")
 
 
 @pytest.mark.parametrize(

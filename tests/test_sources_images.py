@@ -188,7 +188,9 @@ def test_resize_uses_dct_scaling_for_large_jpegs_then_an_exact_resize(tmp_path, 
     root = one_image_folder(tmp_path, "big.jpg", pixels, quality=95)
     x = ImageFolder(root, size=(32, 40))[0]["x"]
     assert x.shape == (32, 40, 3)
-    assert jpeg_calls == [{"min_height": 32, "min_width": 40, "min_factor": 2}]
+    assert [{k: kw[k] for k in ("min_height", "min_width", "min_factor")} for kw in jpeg_calls] == [
+        {"min_height": 32, "min_width": 40, "min_factor": 2}
+    ]
     reference = np.asarray(Image.fromarray(pixels).resize((40, 32), Image.Resampling.BILINEAR))
     assert np.abs(x.astype(int) - reference).mean() < 3
     assert ImageFolder(root, size=(32, 40), channels=1)[0]["x"].shape == (32, 40, 1)
@@ -331,3 +333,89 @@ def test_an_image_folder_packed_as_encoded_records_decodes_back_to_its_own_sampl
     with pytest.raises(TypeError, match="takes the encoded bytes"):
         decode_image(folder.files[0])  # a path is ImageFolder's job
     src.close()
+
+
+# -- the DCT setting and batches decoded in place -------------------------------------------------
+def photo_folder(root, n=6, side=40, **options):
+    """``n`` noisy photo-like JPEGs (``side`` x ``side``, quality 90) in two classes."""
+    rng = np.random.default_rng(7)
+    for i in range(n):
+        field = np.asarray(Image.fromarray(rng.integers(0, 256, (3, 3, 3), dtype=np.uint8)).resize((side, side)))
+        pixels = np.clip(field + rng.normal(0, 14, field.shape), 0, 255).astype(np.uint8)
+        save(root / f"c{i % 2}" / f"{i}.jpg", pixels, quality=90, **options)
+    return root
+
+
+@pytest.mark.timeout(300)  # imports TensorFlow (minutes on a loaded machine)
+@pytest.mark.parametrize("channels", [1, 3])
+def test_fast_decodes_as_tf_decode_jpegs_default_and_the_default_as_its_accurate_dct(tmp_path, channels):
+    tf = pytest.importorskip("tensorflow", reason="tensorflow is not installed", exc_type=ImportError)
+    root = photo_folder(tmp_path, subsampling=2)  # 4:2:0, where fancy upsampling shows
+    fast, accurate = ImageFolder(root, channels=channels, fast=True), ImageFolder(root, channels=channels)
+    differs = 0
+    for i, path in enumerate(fast.files):
+        data = open(path, "rb").read()
+        np.testing.assert_array_equal(fast[i]["x"], tf.io.decode_jpeg(data, channels=channels).numpy())
+        np.testing.assert_array_equal(
+            accurate[i]["x"], tf.io.decode_jpeg(data, channels=channels, dct_method="INTEGER_ACCURATE").numpy()
+        )
+        np.testing.assert_array_equal(images.decode_image(data, channels=channels, fast=True), fast[i]["x"])
+        differs += not np.array_equal(fast[i]["x"], accurate[i]["x"])
+    assert differs == len(fast)  # the two DCTs differ: the option reaches the decoder
+    assert fast.fingerprint() != accurate.fingerprint() and "fast=True" in repr(fast)
+
+
+def test_fast_must_be_a_bool(tmp_path):
+    with pytest.raises(TypeError, match="fast must be True or False"):
+        ImageFolder(photo_folder(tmp_path), fast="yes")
+
+
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("size", [None, (24, 32), (40, 40)])
+def test_read_batch_gives_the_samples_stacked(tmp_path, size, fast):
+    photo_folder(tmp_path / "r")
+    save(tmp_path / "r" / "c0" / "big.jpg", gradient(96, 80), quality=90)  # DCT-scaled, then resized
+    save(tmp_path / "r" / "c1" / "gray.jpg", gradient(40, 40)[..., 0], quality=90)
+    save(tmp_path / "r" / "c1" / "png.png", gradient(40, 40))
+    src = ImageFolder(tmp_path / "r", size=size, fast=fast)
+    everything = list(range(len(src)))[::-1]  # out of order
+    ids = [i for i in everything if "big" not in src.files[i]] if size is None else everything
+    batch = src.read_batch(ids)
+    assert batch["x"].dtype == np.uint8 and batch["x"].flags.c_contiguous and batch["x"].flags.writeable
+    np.testing.assert_array_equal(batch["x"], np.stack([src[i]["x"] for i in ids]))
+    np.testing.assert_array_equal(batch["y"], src.labels[ids])
+    assert batch["y"].dtype == np.int64
+
+
+def test_read_batch_decodes_jpegs_of_the_output_shape_into_the_batch(tmp_path, jpeg_calls):
+    src = ImageFolder(photo_folder(tmp_path), size=(40, 40))
+    batch = src.read_batch([0, 1, 2])
+    buffers = [kw["buffer"] for kw in jpeg_calls]
+    assert buffers[0] is None and all(np.shares_memory(b, batch["x"]) for b in buffers[1:])
+
+
+def test_read_batch_refuses_an_image_of_another_shape_instead_of_broadcasting_it(tmp_path):
+    save(tmp_path / "c" / "a.png", gradient(8, 9))
+    save(tmp_path / "c" / "b.png", gradient(1, 9))  # (1, 9, 3) would broadcast into (8, 9, 3)
+    src = ImageFolder(tmp_path)
+    with pytest.raises(DataError, match=r"b\.png: decoded to \(1, 9, 3\), the batch's first image to \(8, 9, 3\)"):
+        src.read_batch([0, 1])
+    with pytest.raises(IndexError, match="out of range"):
+        src.read_batch([0, 2])
+
+
+def test_a_corrupt_jpeg_in_a_batch_read_in_place_is_named_and_the_rest_delivered(tmp_path):
+    """read_batch raises; the loader then reads that batch image by image (workers: the truncated-JPEG test above)."""
+    root = photo_folder(tmp_path, n=8)
+    bad = root / "c1" / "3.jpg"
+    bad.write_bytes(bad.read_bytes()[:200])
+    src = ImageFolder(root)
+    with pytest.raises(DataError, match="3.jpg"):
+        src.read_batch(range(8))
+    with Loader(src, 4, on_error="skip", max_error_fraction=0.5, with_ids=True) as loader:
+        batches = list(loader)
+    bad_id = list(src.files).index(str(bad))
+    assert sorted(np.concatenate([b["id"] for b in batches]).tolist()) == sorted(set(range(8)) - {bad_id})
+    assert [(r["sample_id"], r["location"]) for r in loader.quarantine_report()] == [(bad_id, str(bad))]
+    for b in batches:
+        np.testing.assert_array_equal(b["x"], np.stack([src[int(i)]["x"] for i in b["id"]]))

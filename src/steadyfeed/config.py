@@ -28,6 +28,7 @@ from typing import Any, Literal
 from .sampling.plan import LAST_BATCH_POLICIES, LastBatch
 
 Mode = Literal["thread", "process", "ray"]
+AUTO: Literal["auto"] = "auto"  # workers="auto": measured (execution/auto.py)
 Transport = Literal["auto", "shm", "pipe"]
 OnError = Literal["raise", "skip"]
 Collate = Literal["stack", "pad"]
@@ -42,6 +43,11 @@ def option(default: Any = dataclasses.MISSING, *, doc: str, cli: bool = True, me
     """A documented field: ``doc`` is its documentation and its command line help; ``cli=False``
     for options a command line cannot express (a function, a sampler object)."""
     return field(default=default, metadata={"doc": doc, "cli": cli, "metavar": metavar})
+
+
+def workers_count(workers: int | str | None) -> int:
+    """``workers`` as a number of workers: unset (None) or "auto" not yet measured makes none."""
+    return workers if isinstance(workers, int) else 0
 
 
 def _documented(cls: type) -> type:
@@ -139,10 +145,17 @@ class ReadOptions:
 class ExecutionOptions:
     """Who makes the batches. None of these options changes what a batch holds."""
 
-    workers: int = option(
-        0, doc="worker threads, processes or Ray actors (0: the consumer makes every batch)", metavar="N"
+    workers: int | Literal["auto"] | None = option(
+        None,
+        doc="worker threads, processes or Ray actors (0: the consumer makes every batch); 'auto': "
+        "measured on the first batches, picks how many and the mode, thread or process "
+        "(execution/auto.py; stats()['auto'] says what and why); None (the default): "
+        "'auto' under as_keras() and the command line tools, 0 otherwise (and in Ray mode)",
+        metavar="N|auto",
     )
-    mode: Mode = option("thread", doc="what a worker is: 'thread', 'process' (spawned) or 'ray' (an actor)")
+    mode: Mode = option(
+        "thread", doc="what a worker is: 'thread', 'process' (spawned) or 'ray' (an actor); workers='auto' picks it"
+    )
     prefetch: int | None = option(
         None, doc="batches in flight or waiting, at most (default: 2 per worker, at least 1)", metavar="N"
     )
@@ -181,8 +194,15 @@ class ExecutionOptions:
     )
 
     def __post_init__(self):
-        _need(_is_int(self.workers) and self.workers >= 0, f"workers must be an int >= 0, got {self.workers!r}")
+        _need(
+            self.workers in (None, AUTO) or (_is_int(self.workers) and self.workers >= 0),
+            f"workers must be an int >= 0, 'auto' or None, got {self.workers!r}",
+        )
         _one_of("mode", self.mode, MODES)
+        _need(
+            not (self.workers == AUTO and self.mode == "ray"),
+            "workers='auto' picks thread or process workers on this machine; give Ray a number of actors",
+        )
         _need(
             self.prefetch is None or (_is_int(self.prefetch) and self.prefetch >= 1),
             f"prefetch must be an int >= 1, got {self.prefetch!r}",
@@ -207,7 +227,15 @@ class ExecutionOptions:
 
     @property
     def effective_prefetch(self) -> int:
-        return self.prefetch if self.prefetch is not None else max(2 * self.workers, 1)
+        """``prefetch``, or 2 per worker, at least 1 (1 while workers are unset or not yet measured)."""
+        return self.prefetch if self.prefetch is not None else max(2 * workers_count(self.workers), 1)
+
+    def resolved(self, unset: int | Literal["auto"] = 0) -> ExecutionOptions:
+        """These options with ``workers=None`` read as ``unset`` (0, or "auto" to be measured;
+        0 in Ray mode, whose actors are counted, never measured)."""
+        if self.workers is not None:
+            return self
+        return dataclasses.replace(self, workers=0 if self.mode == "ray" else unset)
 
 
 @_documented
@@ -288,8 +316,8 @@ class LoaderConfig:
             if not isinstance(getattr(self, group), cls):
                 raise TypeError(f"{group} must be a {cls.__name__}, got {type(getattr(self, group)).__name__}")
         _need(
-            self.failure.timeout is None or self.execution.workers > 0,
-            "timeout needs workers >= 1: a sample running in the consumer's own thread cannot be interrupted",
+            self.failure.timeout is None or self.execution.workers not in (None, 0),
+            "timeout needs workers >= 1 (or 'auto'): a sample running in the consumer's own thread cannot be interrupted",
         )
         _need(
             not (self.execution.inline_when_faster and self.failure.timeout is not None),

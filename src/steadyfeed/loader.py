@@ -3,6 +3,7 @@ proven by a test named on the documentation's Guarantees page."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
 import re
@@ -10,16 +11,18 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from .autopack import AutoPack, close_reader
-from .config import ExecutionOptions, FailureOptions, LoaderConfig, ReadOptions, ShardOptions
+from .config import AUTO, ExecutionOptions, FailureOptions, LoaderConfig, Mode, ReadOptions, ShardOptions, workers_count
 from .diagnostics.isolation import read_exclusions
 from .errors import SampleError, SampleTimeout, TooManyErrors, WorkerDied, with_original_type
+from .execution import auto
+from .execution.auto import AutoChoice
 from .execution.batch import collate_error
-from .execution.handoff import FixedHandoff, make_handoff
+from .execution.handoff import WORK_STAGES, FixedHandoff, MeasuredHandoff, make_handoff
 from .execution.pool import InlinePool, make_pool
 from .execution.scheduler import ByteBudget, EpochRun, Outcome
 from .execution.task import SampleFailure, WorkContext
@@ -109,7 +112,13 @@ class Loader:
         self._autopack = AutoPack(pack_to, source) if pack_to is not None else None
         self._reader = source  # what the workers read: the source, or its pack once one is ready (autopack.py)
         self._pool = None
-        self._handoff = make_handoff(self.config)  # who makes each batch; measured anew with each new pool
+        self._unset_workers: int | Literal["auto"] = (
+            0  # what workers=None means: "auto" once as_keras() serves the loader
+        )
+        self._auto: AutoChoice | None = None  # what workers="auto" picked (execution/auto.py)
+        self._auto_since = (0, 0.0)  # (batches, seconds of batch work) counted when it picked
+        self._running_config = self._resolved_config()  # config with workers an int: what the pool runs
+        self._handoff = self._new_handoff()  # who makes each batch; measured anew with each new pool
         self._budget = ByteBudget(self.config.execution.max_inflight_bytes)  # learns batch sizes across epochs
         self._task_ids = itertools.count()
         self._active = threading.Lock()  # one epoch at a time
@@ -189,13 +198,14 @@ class Loader:
         self._running = epoch
         try:
             self._choose_reader()
+            self._choose_workers(epoch)
             run = self._epoch_run(
                 self._ensure_pool(),
                 self._handoff,
                 plan,
                 epoch,
                 start,
-                self.config.execution.effective_prefetch,
+                self._running_config.execution.effective_prefetch,
                 self._stats,
             )
             if self._autopack is not None and self._reader is self.source:
@@ -239,7 +249,7 @@ class Loader:
             retries=failure.retries,
             stop_on_failure=pool.ctx.stop_on_failure,
             task_ids=self._task_ids,
-            max_blameless_deaths=max(3, 2 * self.config.execution.workers),
+            max_blameless_deaths=max(3, 2 * workers_count(self._running_config.execution.workers)),
             stats=stats,
             handoff=handoff,
             budget=self._budget,
@@ -309,9 +319,62 @@ class Loader:
             batch.pop("id")
         return batch
 
+    # -- workers: how many, which kind ----------------------------------------------------
+    def _serve_framework(self) -> None:
+        """Called by ``as_keras()``: from now on ``workers=None`` (not given) means "auto"."""
+        self._unset_workers = AUTO
+        if self._pool is None and self._auto is None:
+            self._running_config = self._resolved_config()
+
+    def _resolved_config(self) -> LoaderConfig:
+        """The config with ``workers=None`` read as ``_unset_workers``; "auto" stays until measured."""
+        execution = self.config.execution.resolved(self._unset_workers)
+        if execution.workers == AUTO and self._auto is not None:
+            execution = dataclasses.replace(execution, workers=self._auto.workers, mode=self._auto.mode)
+        return (
+            self.config if execution is self.config.execution else dataclasses.replace(self.config, execution=execution)
+        )
+
+    def _choose_workers(self, epoch: int) -> None:
+        """At an epoch's start, under ``workers="auto"``: measure and pick, the first time and
+        whenever batches have come to cost ``auto.RECHECK_RATIO`` times more or less since."""
+        if self.config.execution.resolved(self._unset_workers).workers != AUTO:
+            return
+        if self._auto is not None and not auto.cost_changed(self._auto, self._batch_cost_since_choice()):
+            return
+        plan = self._plan(epoch)
+        probe = auto.measure(lambda k: _nbytes(self.peek(k, epoch)), len(plan))
+        budget = self.config.execution.max_inflight_bytes
+        budget = budget if budget is not None else (lambda m: m and m // auto.MEMORY_SHARE)(auto.available_memory())
+        choice = auto.choose(probe, auto.usable_cores(), budget, self._why_no_processes)
+        if self._auto is None or (choice.workers, choice.mode) != (self._auto.workers, self._auto.mode):
+            self._shutdown_pool()  # started again, as chosen, by _ensure_pool
+        self._auto = choice
+        self._auto_since = (self._stats.batches, self._work_seconds())
+        self._running_config = self._resolved_config()
+
+    def _why_no_processes(self) -> str | None:
+        def unsupported(mode: Mode) -> str | None:
+            try:
+                refuse_unsupported(self.source, dataclasses.replace(self.config.execution, workers=1, mode=mode))
+            except ValueError as exc:
+                return str(exc)
+            return None
+
+        return auto.can_use_processes(self._work_context(stop_on_failure=True), unsupported)
+
+    def _work_seconds(self) -> float:
+        return sum(self._stats.stage_seconds[s] for s in WORK_STAGES)
+
+    def _batch_cost_since_choice(self) -> float | None:
+        """Seconds of work per batch (summed over workers) since ``workers="auto"`` last picked."""
+        batches, seconds = self._auto_since
+        made = self._stats.batches - batches
+        return (self._work_seconds() - seconds) / made if made >= auto.MIN_BATCHES_FOR_RECHECK else None
+
     def _ensure_pool(self):
         if self._pool is None:
-            execution, failure = self.config.execution, self.config.failure
+            execution, failure = self._running_config.execution, self.config.failure
             ctx = self._work_context(stop_on_failure=failure.on_error == "raise")
             self._pool = make_pool(
                 execution.mode,
@@ -321,8 +384,13 @@ class Loader:
                 transport=execution.transport,
                 stats=self._stats,
             )
-            self._handoff = make_handoff(self.config)
+            self._handoff = self._new_handoff()
         return self._pool
+
+    def _new_handoff(self) -> FixedHandoff | MeasuredHandoff:
+        if self._running_config.execution.workers == AUTO:  # not measured yet: no workers to hand to
+            return FixedHandoff(to_workers=False)
+        return make_handoff(self._running_config)
 
     # -- delivery and failure policy ---------------------------------------------------
     def _deliver(self, outcome: Outcome, epoch: int, planned: int, skipped_before: int) -> dict | None:
@@ -428,10 +496,16 @@ class Loader:
         return self._quarantine.report()
 
     def stats(self) -> dict:
-        """What the loader measured about itself (``stats.py``), ``"handoff"``, and with
-        ``pack_to`` the pack's state (``"pack"``: ``state``, ``path``, ``error``)."""
+        """What the loader measured about itself (``stats.py``), ``"handoff"``, ``"workers"`` and
+        ``"mode"`` (those in use: an int, whatever was asked), under ``workers="auto"`` what it
+        picked and why (``"auto"``: ``execution/auto.py``'s ``AutoChoice``; None until the first
+        epoch starts), and with ``pack_to`` the pack's state (``"pack"``: ``state``, ``path``, ``error``)."""
         pack = {"pack": self._autopack.report()} if self._autopack is not None else {}
-        return {**self._stats.as_dict(), "handoff": self.handoff, **pack}
+        execution = self._running_config.execution
+        asked = self.config.execution.resolved(self._unset_workers).workers
+        picked = {"auto": self._auto.as_dict() if self._auto is not None else None} if asked == AUTO else {}
+        running = {"workers": execution.workers, "mode": execution.mode, "prefetch": execution.effective_prefetch}
+        return {**self._stats.as_dict(), "handoff": self.handoff, **running, **picked, **pack}
 
     @property
     def handoff(self) -> str:
@@ -592,8 +666,9 @@ class Loader:
 
     def __repr__(self) -> str:
         read, execution = self.config.read, self.config.execution
+        picked = f" (picked {self._auto.workers} {self._auto.mode})" if self._auto is not None else ""
         return (
-            f"Loader({self.source!r}, batch_size={read.batch_size}, workers={execution.workers}, "
+            f"Loader({self.source!r}, batch_size={read.batch_size}, workers={execution.workers!r}{picked}, "
             f"mode={execution.mode!r}, sampler={self.sampler!r})"
         )
 
@@ -603,7 +678,7 @@ def refuse_unsupported(source: Any, execution: ExecutionOptions) -> None:
     instead: ``mode="ray"`` without Ray, or a source (or one it wraps) whose
     ``unsupported(mode, workers)`` says why not (a Ray Dataset source in process mode)."""
     mode, workers = execution.mode, execution.workers
-    if mode == "ray" and workers > 0 and importlib.util.find_spec("ray") is None:
+    if mode == "ray" and workers not in (None, 0) and importlib.util.find_spec("ray") is None:
         raise ModuleNotFoundError(
             "mode='ray' needs Ray: pip install 'steadyfeed[ray]', or use mode='thread' or mode='process'"
         )
@@ -614,6 +689,10 @@ def refuse_unsupported(source: Any, execution: ExecutionOptions) -> None:
         if why:
             raise ValueError(f"{layer!r} cannot be read with mode={mode!r}, workers={workers}: {why}")
         layer = layer.source if isinstance(layer, SourceWrapper) else None
+
+
+def _nbytes(batch: Mapping[str, np.ndarray]) -> int:
+    return sum(np.asarray(v).nbytes for v in batch.values())
 
 
 def _shutdown_pool(state: dict) -> None:

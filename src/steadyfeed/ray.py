@@ -285,7 +285,7 @@ def to_ray_dataset(loader: Loader, epoch: int = 0, *, block_bytes: int | None = 
         config = config.replace(quarantine=os.path.abspath(failure.quarantine))
     source = _EpochDatasource(loader.source, config, int(epoch))
     # the read task only waits for the copy's workers; without workers it makes the batches itself
-    cpus = 0 if config.execution.workers > 0 else 1
+    cpus = 0 if config.execution.workers not in (None, 0) else 1
     ds = ray.data.read_datasource(source, ray_remote_args={"num_cpus": cpus}, override_num_blocks=1)
     if block_bytes is not None:
         ds.context.target_max_block_size = int(block_bytes)  # this dataset's own copy of the context

@@ -29,6 +29,7 @@ Guarantees (TensorFlow, JAX and PyTorch backends; public Keras API only):
   training and validation data, two views would take turns with the loader's epochs).
 * the concurrency is steadyfeed's: Keras is told ``workers=1, use_multiprocessing=False`` and
   runs no enqueuer of its own; ``for batch in dataset`` runs a pass with the loader's workers.
+  A loader built without ``workers`` runs ``workers="auto"`` here (``execution/auto.py``).
 
 On the PyTorch backend the arrays reach Keras as ``torch.from_numpy`` tensors sharing the
 freshly allocated batch memory: Keras's own conversion of a numpy batch copies it
@@ -140,6 +141,7 @@ class KerasDataset(keras.utils.PyDataset):
                 "last_batch='drop' with fewer samples than batch_size)"
             )
         self._claim(loader)
+        loader._serve_framework()  # workers left unset: "auto" (a training loop wants its data made alongside)
         self.loader = loader
         self.layout = BatchLayout(x, y, sample_weight)
         self.padding = padding

@@ -243,7 +243,7 @@ def scan_source(
     checks: Sequence[str] = (),
     *,
     with_digests: bool = False,
-    setting: tuple[int, str] = (0, "thread"),
+    setting: tuple[int | str | None, str] = (0, "thread"),
     bar=None,
     visit: Callable[[int, dict], None] | None = None,
     with_hashes: bool = False,

@@ -38,6 +38,7 @@ stages run inside the consumer's ``wait``.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from ..config import AUTO
 from ..stats import STAGES, stats_delta
 from .spec import _one_line as one_line  # the commands' one-line form of an error
 
@@ -65,25 +67,26 @@ WARMUP_WHILE_DECIDING = 200  # at most this many more warm-up batches while the 
 @dataclass(frozen=True)
 class Setting:
     """One point of the grid. ``cost`` ranks settings cheapest first: fewer workers, then
-    threads before processes."""
+    threads before processes; ``workers="auto"`` (mode "auto": it picks both) last."""
 
-    workers: int
+    workers: int | str
     mode: str
 
     @property
-    def cost(self) -> tuple[int, bool]:
-        return (self.workers, self.mode == "process")
+    def cost(self) -> tuple[float, bool]:
+        return (math.inf if self.workers == AUTO else float(self.workers), self.mode == "process")
 
     @property
     def label(self) -> str:
-        return "inline" if self.workers == 0 else f"{self.workers} {self.mode}"
+        return "inline" if self.workers == 0 else AUTO if self.workers == AUTO else f"{self.workers} {self.mode}"
 
 
-def grid(workers: Iterable[int], modes: Iterable[str]) -> list[Setting]:
+def grid(workers: Iterable[int | str], modes: Iterable[str]) -> list[Setting]:
     """Every (workers, mode) pair, cheapest first. ``workers=0`` runs in the consumer's
-    thread whatever the mode, so it appears once."""
+    thread whatever the mode, so it appears once; so does ``"auto"``, which picks the mode."""
     modes = list(modes)
-    return sorted({Setting(w, "thread" if w == 0 else m) for w in workers for m in modes}, key=lambda s: s.cost)
+    settings = {Setting(w, "thread" if w == 0 else AUTO if w == AUTO else m) for w in workers for m in modes}
+    return sorted(settings, key=lambda s: s.cost)
 
 
 # -- resources ------------------------------------------------------------------------------
@@ -171,6 +174,7 @@ class Measurement:
     first_batch_seconds: float | None = None  # from starting the epoch, worker start-up included
     stage_seconds: dict = field(default_factory=lambda: dict.fromkeys(WORKER_SIDE + CONSUMER_SIDE, 0.0))
     prefetch: int = 0
+    picked: dict | None = None  # workers="auto": what it picked and why (Loader.stats()["auto"])
     warmup_batches: int = 0  # left out: the warm-up asked for, plus any while the loader was deciding
     fill_mean: float = 0.0
     fill_max: int = 0
@@ -232,6 +236,7 @@ class Measurement:
             "label": self.setting.label,
             "workers": self.setting.workers,
             "mode": self.setting.mode,
+            "picked": self.picked,
             "ok": self.ok,
             "error": self.error,
             "batches": self.batches,
@@ -327,8 +332,8 @@ def measure(
         try:
             # timeout needs workers; inline has none to interrupt, so it runs without one rather than fail
             inline = {"timeout": None} if setting.workers == 0 else {}
-            with loader.replace(workers=setting.workers, mode=setting.mode, **inline) as variant:
-                m.prefetch = variant.config.execution.effective_prefetch
+            mode = "thread" if setting.mode == AUTO else setting.mode  # "auto" picks it as it starts
+            with loader.replace(workers=setting.workers, mode=mode, **inline) as variant:
                 _drive(
                     variant,
                     m,
@@ -338,6 +343,8 @@ def measure(
                     consumer_ms=consumer_ms,
                     on_batch=on_batch or (lambda s: None),
                 )
+                stats = variant.stats()
+                m.prefetch, m.picked = stats["prefetch"], stats.get("auto")
         except Exception as exc:  # noqa: BLE001 - a failing setting is reported; the others still run
             m.error = one_line(exc)  # the type and first line: a SampleError's names the sample
     m.peak_rss_bytes = peak.bytes
@@ -443,7 +450,11 @@ def gil_limited(measurements: list[Measurement]) -> Diagnosis | None:
     if base is None:
         return None
     for m in sorted(
-        (m for m in ok.values() if m.setting.mode == "thread" and m.setting.workers >= 2),
+        (
+            m
+            for m in ok.values()
+            if m.setting.mode == "thread" and isinstance(m.setting.workers, int) and m.setting.workers >= 2
+        ),
         key=lambda m: m.setting.workers,
         reverse=True,
     ):

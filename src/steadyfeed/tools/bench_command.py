@@ -26,7 +26,7 @@ import argparse
 import json
 import os
 
-from ..config import MODES
+from ..config import AUTO, MODES
 from ..progress import progress_bar
 from . import bench as benchmark
 from .spec import SpecError, add_spec_arguments, loader_from_args, usage_error
@@ -40,13 +40,14 @@ EXIT_CODES = (
 BYTES_PER_MB = 1 << 20
 
 
-def _int_list(text: str) -> list[int]:
+def _int_list(text: str) -> list[int | str]:
+    parts = [part.strip() for part in text.split(",") if part.strip()]
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
+        values: list[int | str] = [part if part == AUTO else int(part) for part in parts]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"expected one or more integers >= 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers (or auto), got {text!r}") from None
+    if not values or any(isinstance(v, int) and v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected one or more integers >= 0 (or auto), got {text!r}")
     return values
 
 
@@ -81,7 +82,8 @@ def add_arguments(parser) -> None:
         type=_int_list,
         default=[0, 1, 2],
         metavar="N,N,...",
-        help="worker counts to try (default 0,1,2; 0 runs in the consumer's thread, once)",
+        help="worker counts to try (default 0,1,2; 0 runs in the consumer's thread, once; "
+        "auto: what workers='auto' picks, and why)",
     )
     grid.add_argument(
         "--modes",

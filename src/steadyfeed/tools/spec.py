@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config import option_fields
+from ..config import AUTO, option_fields
 from ..loader import Loader
 
 DEFAULT_BATCH_SIZE = 32
@@ -52,10 +52,25 @@ def _flag_options(field, hint) -> dict:
     help_text = field.metadata["doc"] + (f" (default {DEFAULT_BATCH_SIZE})" if field.name == "batch_size" else "")
     if typing.get_origin(hint) is typing.Literal:
         return dict(choices=args, help=help_text)
+    words = [w for k in kinds if typing.get_origin(k) is typing.Literal for w in typing.get_args(k)]
+    if int in kinds and words:  # a count or a word: workers N|auto
+        return dict(type=_int_or(words), metavar=field.metadata["metavar"], help=help_text)
     if kinds == {bool}:
         return dict(action=argparse.BooleanOptionalAction, help=help_text)
     kind = int if kinds == {int} else float if kinds == {float} else str
     return dict(type=kind, metavar=field.metadata["metavar"] or kind.__name__.upper(), help=help_text)
+
+
+def _int_or(words: list[str]) -> Callable[[str], int | str]:
+    def parse(text: str) -> int | str:
+        if text in words:
+            return text
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer or {' / '.join(words)}, got {text!r}") from None
+
+    return parse
 
 
 # each loader flag is the Loader option of the same name (config.py), built from its field
@@ -270,7 +285,8 @@ def loader_options(args: argparse.Namespace | None) -> dict:
 
 
 def as_loader(obj: Any, options: dict, what: str) -> Loader:
-    """``obj`` (a Loader or a source) as a Loader with ``options`` applied."""
+    """``obj`` (a Loader or a source) as a Loader with ``options`` applied; workers left
+    unset (not given here nor to the Loader) are ``"auto"``, as under ``as_keras()``."""
     if not isinstance(obj, Loader) and not (hasattr(obj, "__len__") and hasattr(obj, "__getitem__")):
         hint = "; to turn an iterable into a source, use steadyfeed pack" if hasattr(obj, "__iter__") else ""
         raise SpecError(
@@ -278,8 +294,10 @@ def as_loader(obj: Any, options: dict, what: str) -> Loader:
         )
     try:
         if isinstance(obj, Loader):
+            unset = obj.config.execution.workers is None and "workers" not in options
+            options = {**options, "workers": AUTO} if unset else options
             return obj.replace(**options) if options else obj
-        return Loader(obj, options.pop("batch_size", DEFAULT_BATCH_SIZE), **options)
+        return Loader(obj, options.pop("batch_size", DEFAULT_BATCH_SIZE), **{"workers": AUTO, **options})
     except (TypeError, ValueError) as exc:
         raise SpecError(f"invalid loader options for {what}: {_one_line(exc)}") from exc
 
@@ -397,7 +415,7 @@ def raw_loader(
     loader: Loader,
     *,
     batch_size: int | None = None,
-    workers: int | None = None,
+    workers: int | str | None = None,
     mode: str | None = None,
     transform=None,
 ) -> Loader:
@@ -424,7 +442,7 @@ def raw_loader(
     )
 
 
-def at_setting(loader: Loader, workers: int, mode: str, **changes) -> Loader:
+def at_setting(loader: Loader, workers: int | str | None, mode: str, **changes) -> Loader:
     """``loader.replace`` with ``workers`` and ``mode``, ids in every batch and no quarantine
     file (a command never writes to the user's). A ``timeout`` is kept where it can apply:
     with ``workers=0`` nothing can interrupt a sample, so it is dropped there."""

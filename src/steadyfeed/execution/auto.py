@@ -1,0 +1,187 @@
+"""``workers="auto"``: how many workers, and which kind, measured on the loader's own batches.
+
+At the start of the first epoch (and of a later one, when the batches' cost has changed
+``RECHECK_RATIO``-fold since, see :func:`cost_changed`), the loader makes a few batches of
+that epoch in the consumer (``Loader.peek``: exactly the batches iteration gives), then two
+at once in two threads, and picks:
+
+* **how many**: the usable cores (``os.sched_getaffinity``), at most as many as the
+  prefetch queue's batches (2 per worker) fit in a memory budget: ``max_inflight_bytes``
+  when given, else a quarter of the memory available now;
+* **the mode**: ``"thread"`` when two threads made two batches at least ``THREADS_SCALE``
+  times as fast as one did one after the other (the work releases the GIL: decoders, file
+  reads, numpy), or when a batch costs less than ``PROCESS_WORTH_SECONDS`` (less than
+  sending it from a process costs; the consumer may then make batches itself,
+  ``handoff.py``); otherwise ``"process"`` (the work holds the GIL), unless the source
+  cannot go to a process (it does not pickle, or it says so through ``unsupported``).
+
+The probe's batches are made and dropped: they cost a few batches of time, once. Which
+workers make a batch never changes what it holds, so the choice shows only in speed and
+in ``Loader.stats()["auto"]`` (the choice, the measurements, and why). A probe that
+fails (a sample raises) stops there and picks threads; the epoch then meets the failure
+as it would have anyway, under the loader's ``on_error``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from ..config import Mode
+
+THREADS_SCALE = 1.3  # of the 2x two threads could give: GIL-bound work gives about 1x, or less
+PROCESS_WORTH_SECONDS = 0.001  # a batch cheaper than this costs less to make than to ship from a process
+MEMORY_SHARE = 4  # without max_inflight_bytes, queued batches may take 1/4 of the memory available
+RECHECK_RATIO = 4.0  # a batch cost this many times higher or lower than measured: measure again
+MIN_BATCHES_FOR_RECHECK = 16  # batches made since the choice before their cost is compared with it
+TIMED_BATCHES = 2  # made one after the other, after one that is not timed (files opened, caches warmed)
+PAIRS = 2  # pairs made at once, two threads each (the mean: one pair alone is at the scheduler's mercy)
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    """What ``workers="auto"`` picked, from what it measured, and why (``stats()["auto"]``)."""
+
+    workers: int
+    mode: Mode
+    reason: str
+    cores: int
+    batch_seconds: float | None  # one batch made in the consumer (mean of the timed ones)
+    thread_speedup: float | None  # two batches in two threads, against one after the other
+    batch_bytes: int | None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, which containers and ``taskset`` set)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux ``MemAvailable``), or None where unknown."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The measurements: seconds per batch made one after the other, the wall time of two
+    made at once, and a batch's bytes; None where the probe could not get that far."""
+
+    batch_seconds: float | None
+    pair_seconds: float | None
+    batch_bytes: int | None
+
+    @property
+    def thread_speedup(self) -> float | None:
+        if self.batch_seconds is None or not self.pair_seconds:
+            return None
+        return 2 * self.batch_seconds / self.pair_seconds
+
+
+def measure(make: Callable[[int], int], batches: int) -> Probe:
+    """``make(k)`` makes batch ``k`` in the calling thread and returns its bytes. Batch 0 warms
+    up, the next ``TIMED_BATCHES`` are timed one after the other, then ``PAIRS`` pairs at once."""
+    needed = 1 + TIMED_BATCHES + 2 * PAIRS
+    if batches < needed:
+        return Probe(None, None, None)
+    try:
+        batch_bytes = make(0)
+        seconds = []
+        for k in range(1, 1 + TIMED_BATCHES):
+            t0 = time.perf_counter()
+            make(k)
+            seconds.append(time.perf_counter() - t0)
+    except Exception:  # noqa: BLE001 - the epoch meets it again, under the loader's on_error
+        return Probe(None, None, None)
+    pairs = [_pair(make, 1 + TIMED_BATCHES + 2 * p) for p in range(PAIRS)]
+    timed = [p for p in pairs if p is not None]
+    pair = statistics.mean(timed) if len(timed) == PAIRS else None
+    return Probe(statistics.mean(seconds), pair, batch_bytes)
+
+
+def _pair(make: Callable[[int], int], first: int) -> float | None:
+    """Wall seconds for batches ``first`` and ``first + 1`` made at once in two threads."""
+    failed = []
+
+    def run(k: int) -> None:
+        try:
+            make(k)
+        except Exception:  # noqa: BLE001 - reported as "no measurement"
+            failed.append(k)
+
+    threads = [threading.Thread(target=run, args=(k,), name="steadyfeed-auto-probe") for k in (first, first + 1)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return None if failed else time.perf_counter() - t0
+
+
+def can_use_processes(ctx, unsupported: Callable[[Mode], str | None]) -> str | None:
+    """Why process workers cannot read this source (None: they can): the source (or a layer
+    of it) refuses them, or the work context does not pickle (spawned workers receive it)."""
+    why = unsupported("process")
+    if why:
+        return why
+    try:
+        pickle.dumps(ctx)
+    except Exception as exc:  # noqa: BLE001 - whatever pickling raises, processes are out
+        return f"the source or transform does not pickle ({type(exc).__name__}: {exc})"
+    return None
+
+
+def choose(probe: Probe, cores: int, budget: int | None, no_processes: Callable[[], str | None]) -> AutoChoice:
+    """The choice for these measurements (see the module docstring for the rules);
+    ``no_processes()`` says why processes cannot be used, asked only when they would be."""
+    speedup = probe.thread_speedup
+    mode, reason = _mode(probe, cores, speedup, no_processes)
+    workers = cores
+    if budget is not None and probe.batch_bytes:
+        fit = max(1, budget // (2 * probe.batch_bytes))  # 2 batches queued per worker
+        if fit < workers:
+            workers = int(fit)
+            reason += f"; {workers} worker(s): 2 queued batches of {probe.batch_bytes:,} bytes each fit {budget:,}"
+    return AutoChoice(workers, mode, reason, cores, probe.batch_seconds, speedup, probe.batch_bytes)
+
+
+def _mode(probe: Probe, cores: int, speedup: float | None, no_processes: Callable[[], str | None]) -> tuple[Mode, str]:
+    if cores == 1:
+        return "thread", "one usable core: one thread overlaps making batches with the consumer's work"
+    if speedup is None:
+        return "thread", "too few batches, or a failing sample, to measure: threads"
+    assert probe.batch_seconds is not None  # a speedup is measured from it
+    ms = probe.batch_seconds * 1e3
+    if speedup >= THREADS_SCALE:
+        return "thread", f"two threads made batches {speedup:.2f}x as fast as one: the work releases the GIL"
+    if probe.batch_seconds < PROCESS_WORTH_SECONDS:
+        return "thread", f"a batch takes {ms:.2f} ms, less than shipping it from a process costs"
+    why = no_processes()
+    if why:
+        return "thread", f"threads scale {speedup:.2f}x only, but processes cannot be used: {why}"
+    return "process", f"two threads made batches only {speedup:.2f}x as fast as one ({ms:.1f} ms each): the GIL"
+
+
+def cost_changed(choice: AutoChoice, batch_seconds: float | None) -> bool:
+    """Whether batches now cost ``RECHECK_RATIO`` times more or less than when ``choice`` was made."""
+    if choice.batch_seconds is None or not batch_seconds:
+        return False
+    ratio = batch_seconds / choice.batch_seconds
+    return ratio > RECHECK_RATIO or ratio < 1 / RECHECK_RATIO

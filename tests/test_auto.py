@@ -1,0 +1,180 @@
+"""workers="auto" (execution/auto.py): the rules on scripted measurements, the probe's batches,
+and a Loader that picks never changes what it delivers.
+
+No test here depends on the machine's speed: the rules are fed synthetic probes, and the
+loader tests script the measurement (``auto.measure``) to force each choice.
+"""
+
+import threading
+
+import pytest
+from helpers import epoch_digest, noisy, paired_source
+
+from steadyfeed import Loader
+from steadyfeed.config import ExecutionOptions, LoaderConfig
+from steadyfeed.execution import auto
+
+pytestmark = pytest.mark.timeout(120)
+
+MB = 2**20
+ALWAYS = lambda: None  # noqa: E731 - processes may be used
+
+
+def probe(batch_ms=5.0, speedup=1.9, batch_bytes=MB):
+    pair = 2 * batch_ms / 1e3 / speedup
+    return auto.Probe(batch_ms / 1e3, pair, batch_bytes)
+
+
+# -- the rules --------------------------------------------------------------------------------
+def test_work_that_scales_on_threads_gets_a_thread_per_core():
+    choice = auto.choose(probe(speedup=1.9), cores=4, budget=None, no_processes=ALWAYS)
+    assert (choice.workers, choice.mode) == (4, "thread")
+    assert "1.90x as fast as one: the work releases the GIL" in choice.reason
+    assert choice.thread_speedup == pytest.approx(1.9) and choice.batch_bytes == MB
+
+
+def test_gil_bound_work_gets_processes_unless_batches_are_cheaper_than_shipping_them():
+    gil = auto.choose(probe(batch_ms=20, speedup=1.0), cores=2, budget=None, no_processes=ALWAYS)
+    assert (gil.workers, gil.mode) == (2, "process") and "only 1.00x" in gil.reason
+    cheap = auto.choose(probe(batch_ms=0.2, speedup=1.0), cores=2, budget=None, no_processes=ALWAYS)
+    assert cheap.mode == "thread" and "less than shipping it from a process" in cheap.reason
+
+
+def test_processes_are_asked_about_only_when_they_would_be_picked_and_a_refusal_keeps_threads():
+    asked = []
+    refuse = lambda: asked.append(1) or "the source does not pickle"  # noqa: E731
+    auto.choose(probe(speedup=1.9), cores=2, budget=None, no_processes=refuse)
+    assert asked == []  # threads won: nothing pickled
+    choice = auto.choose(probe(batch_ms=20, speedup=1.0), cores=2, budget=None, no_processes=refuse)
+    assert choice.mode == "thread" and "processes cannot be used: the source does not pickle" in choice.reason
+
+
+def test_the_memory_budget_bounds_the_workers_by_two_queued_batches_each():
+    choice = auto.choose(probe(batch_bytes=10 * MB), cores=8, budget=45 * MB, no_processes=ALWAYS)
+    assert choice.workers == 2 and "2 queued batches of 10,485,760 bytes each fit" in choice.reason
+    assert auto.choose(probe(batch_bytes=100 * MB), cores=8, budget=MB, no_processes=ALWAYS).workers == 1
+
+
+def test_one_core_or_nothing_measured_gives_threads():
+    assert auto.choose(probe(speedup=1.0, batch_ms=50), 1, None, ALWAYS).mode == "thread"
+    nothing = auto.choose(auto.Probe(None, None, None), 2, None, ALWAYS)
+    assert (nothing.workers, nothing.mode) == (2, "thread") and "too few batches" in nothing.reason
+
+
+def test_a_cost_change_of_the_ratio_either_way_asks_for_a_new_measurement():
+    choice = auto.choose(probe(batch_ms=10), 2, None, ALWAYS)
+    assert not auto.cost_changed(choice, 0.010 * (auto.RECHECK_RATIO - 0.5))
+    assert auto.cost_changed(choice, 0.010 * (auto.RECHECK_RATIO + 0.5))
+    assert auto.cost_changed(choice, 0.010 / (auto.RECHECK_RATIO + 0.5))
+    assert not auto.cost_changed(choice, None)
+
+
+# -- the probe ---------------------------------------------------------------------------------
+def test_the_probe_warms_up_times_batches_one_by_one_then_makes_pairs_in_two_threads():
+    made = []
+
+    def make(k):
+        made.append((k, threading.get_ident()))
+        return 1000 + k
+
+    result = auto.measure(make, batches=100)
+    ks = [k for k, _ in made]
+    assert ks[: 1 + auto.TIMED_BATCHES] == list(range(1 + auto.TIMED_BATCHES))
+    assert sorted(ks) == list(range(1 + auto.TIMED_BATCHES + 2 * auto.PAIRS))
+    here = threading.get_ident()
+    paired = [t for k, t in made if k > auto.TIMED_BATCHES]
+    assert here not in paired and len(set(paired)) >= 2  # each pair in two threads of its own
+    assert result.batch_bytes == 1000 and result.batch_seconds is not None and result.pair_seconds is not None
+
+
+@pytest.mark.parametrize("fail_at", [0, 1, 1 + auto.TIMED_BATCHES])
+def test_a_failing_batch_or_too_few_batches_measure_nothing_and_raise_nothing(fail_at):
+    def make(k):
+        if k == fail_at:
+            raise ValueError("a bad sample")
+        return 1
+
+    failed = auto.measure(make, batches=100)
+    assert failed.thread_speedup is None
+    assert auto.measure(lambda k: 1, batches=1 + auto.TIMED_BATCHES).thread_speedup is None
+
+
+# -- the option ---------------------------------------------------------------------------------
+def test_workers_auto_and_unset_are_options_and_ray_must_count_its_actors():
+    assert ExecutionOptions(workers="auto").workers == "auto"
+    assert ExecutionOptions().workers is None and ExecutionOptions().resolved().workers == 0
+    assert ExecutionOptions().resolved("auto").workers == "auto"
+    assert ExecutionOptions(mode="ray").resolved("auto").workers == 0
+    with pytest.raises(ValueError, match="workers must be an int >= 0, 'auto' or None"):
+        ExecutionOptions(workers="many")
+    with pytest.raises(ValueError, match="give Ray a number of actors"):
+        ExecutionOptions(workers="auto", mode="ray")
+    LoaderConfig.build(batch_size=2, workers="auto", timeout=5)  # auto always has workers to interrupt
+    with pytest.raises(ValueError, match="timeout needs workers"):
+        LoaderConfig.build(batch_size=2, timeout=5)
+
+
+def scripted(monkeypatch, *probes):
+    """``auto.measure`` returns these probes in turn; records the batch counts it was asked about."""
+    asked, queue = [], list(probes)
+
+    def measure(make, batches):
+        asked.append(batches)
+        make(0)  # the real probe makes batches: they must not disturb the epoch
+        return queue.pop(0)
+
+    monkeypatch.setattr(auto, "measure", measure)
+    return asked
+
+
+GIL = probe(batch_ms=20, speedup=1.0)
+SCALES = probe(batch_ms=20, speedup=1.9)
+
+
+@pytest.mark.parametrize("measured", [GIL, SCALES])
+def test_a_loader_that_picks_delivers_the_batches_of_workers_0(monkeypatch, measured, no_leaks):
+    scripted(monkeypatch, measured)
+    src = paired_source(60)
+    options = dict(shuffle=True, seed=5, transform=noisy, with_ids=True)
+    with Loader(src, 8, **options) as plain:
+        expected = epoch_digest(plain.epoch(0))
+    with Loader(src, 8, workers="auto", **options) as loader:
+        assert loader.stats()["auto"] is None  # not measured before an epoch starts
+        assert epoch_digest(loader.epoch(0)) == expected
+        stats = loader.stats()
+    mode = "process" if measured is GIL else "thread"
+    assert (stats["workers"], stats["mode"]) == (auto.usable_cores(), mode)
+    assert stats["auto"]["mode"] == mode and stats["auto"]["reason"]
+    assert f"picked {auto.usable_cores()} {mode}" in repr(loader)
+
+
+def test_a_loader_measures_again_when_batches_change_cost_and_restarts_its_workers(monkeypatch, no_leaks):
+    asked = scripted(monkeypatch, SCALES, GIL)
+    monkeypatch.setattr(auto, "cost_changed", lambda choice, seconds: True)
+    src = paired_source(40)
+    with Loader(src, 4, seed=1, transform=noisy) as plain:
+        expected = [epoch_digest(plain.epoch(e)) for e in range(2)]
+    with Loader(src, 4, seed=1, transform=noisy, workers="auto") as loader:
+        first = epoch_digest(loader.epoch(0))
+        assert loader.stats()["mode"] == "thread"
+        second = epoch_digest(loader.epoch(1))
+        assert loader.stats()["mode"] == "process"
+    assert [first, second] == expected and asked == [10, 10]
+
+
+def test_unset_workers_are_0_when_iterated_and_auto_under_keras(monkeypatch):
+    pytest.importorskip("keras", reason="keras is not installed", exc_type=ImportError)
+    scripted(monkeypatch, SCALES)
+    with Loader(paired_source(24), 4) as loader:
+        list(loader)
+        assert loader.stats()["workers"] == 0 and "auto" not in loader.stats()
+    with Loader(paired_source(24), 4) as loader:
+        dataset = loader.as_keras()
+        assert sum(len(x) for x, _ in dataset) == 24
+        dataset.close()
+        assert loader.stats()["auto"]["mode"] == "thread" and loader.stats()["workers"] == auto.usable_cores()
+    with Loader(paired_source(24), 4, workers=0) as loader:  # given: kept
+        dataset = loader.as_keras()
+        list(dataset)
+        dataset.close()
+        assert loader.stats()["workers"] == 0
