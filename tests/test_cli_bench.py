@@ -395,3 +395,14 @@ def test_bad_files_are_measured_under_skip_with_max_error_fraction(tmp_path, cap
     )
     code, report = bench_json(capsys, *data, "--on-error", "skip", "--max-error-fraction", "0.2")
     assert code == 0 and [(s["samples"], s["skipped"]) for s in report["settings"]] == [(17, 3), (17, 3)]
+
+
+def test_auto_is_a_setting_that_says_what_it_picked_and_why(spec, capsys, no_leaks):
+    code, report = bench_json(capsys, spec("fast"), "--workers", "0,auto", "--max-batches", "8")
+    assert code == 0
+    labels = [s["label"] for s in report["settings"]]
+    assert labels == ["inline", "auto"]  # once, last (it picks the mode too)
+    auto = report["settings"][1]
+    assert auto["ok"] and auto["samples"] == 8 * 16
+    assert auto["picked"]["mode"] in ("thread", "process") and auto["picked"]["workers"] >= 1
+    assert auto["picked"]["reason"] and report["settings"][0]["picked"] is None

@@ -115,6 +115,18 @@ def test_the_cli_flags_are_the_fields():
     with pytest.raises(SystemExit):
         parse("x.py:f", "--mode", "fork")  # choices come from the field's Literal type
     assert not hasattr(parse("x.py:f", exclude=("workers",)), "workers")
+    assert loader_options(parse("x.py:f", "--workers", "auto")) == {"workers": "auto"}
+    with pytest.raises(SystemExit):
+        parse("x.py:f", "--workers", "many")
+
+
+def test_the_command_line_reads_unset_workers_as_auto():
+    from steadyfeed.tools.spec import as_loader
+
+    assert as_loader(paired_source(8), {}, "x").config.execution.workers == "auto"
+    assert as_loader(paired_source(8), {"workers": 1}, "x").config.execution.workers == 1
+    assert as_loader(sf.Loader(paired_source(8), 2), {}, "x").config.execution.workers == "auto"
+    assert as_loader(sf.Loader(paired_source(8), 2, workers=0), {}, "x").config.execution.workers == 0
 
 
 def test_the_deprecated_cli_spelling_still_works(capsys):

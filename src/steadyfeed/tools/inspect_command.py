@@ -19,8 +19,10 @@ import json
 import os
 
 from .. import quality
+from ..config import AUTO
 from ..diagnostics import image_quality
 from ..errors import DataError
+from ..execution.auto import usable_cores
 from .audit_command import parse_thresholds
 from .inspection import InspectReport, inspect_files, inspect_loader
 from .spec import SpecError, add_spec_arguments, describe, loader_from_args, usage_error
@@ -78,7 +80,7 @@ def _files_report(args, checks) -> InspectReport:
     settings = dict(
         decode=args.decode,
         checks=checks,
-        workers=args.workers or 0,
+        workers=usable_cores() if args.workers == AUTO else args.workers or 0,  # threads reading files
         progress=args.progress,
         collate=args.collate or "stack",
         size=args.image_size,
