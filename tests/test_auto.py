@@ -74,16 +74,15 @@ def test_the_probe_warms_up_times_batches_one_by_one_then_makes_pairs_in_two_thr
     made = []
 
     def make(k):
-        made.append((k, threading.get_ident()))
+        made.append((k, threading.current_thread()))  # the object, kept: idents are reused
         return 1000 + k
 
     result = auto.measure(make, batches=100)
     ks = [k for k, _ in made]
     assert ks[: 1 + auto.TIMED_BATCHES] == list(range(1 + auto.TIMED_BATCHES))
     assert sorted(ks) == list(range(1 + auto.TIMED_BATCHES + 2 * auto.PAIRS))
-    here = threading.get_ident()
     paired = [t for k, t in made if k > auto.TIMED_BATCHES]
-    assert here not in paired and len(set(paired)) >= 2  # each pair in two threads of its own
+    assert threading.current_thread() not in paired and len(set(paired)) == 2 * auto.PAIRS  # a thread each
     assert result.batch_bytes == 1000 and result.batch_seconds is not None and result.pair_seconds is not None
 
 
@@ -178,3 +177,27 @@ def test_unset_workers_are_0_when_iterated_and_auto_under_keras(monkeypatch):
         list(dataset)
         dataset.close()
         assert loader.stats()["workers"] == 0
+
+
+class ThreadsOnly:
+    """A source that refuses process workers, as a Ray Data source does (its rows live in Ray)."""
+
+    def __init__(self, n):
+        self.inner = paired_source(n)
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        return self.inner[i]
+
+    def unsupported(self, mode, workers):
+        return "rows in another process's memory" if mode == "process" and workers > 0 else None
+
+
+def test_gil_bound_work_on_a_source_that_refuses_processes_stays_on_threads(monkeypatch, no_leaks):
+    scripted(monkeypatch, GIL)
+    with Loader(ThreadsOnly(24), 4, workers="auto") as loader:  # "auto" is no refusal by itself
+        assert sum(len(b["x"]) for b in loader) == 24
+        picked = loader.stats()["auto"]
+    assert picked["mode"] == "thread" and "rows in another process's memory" in picked["reason"]

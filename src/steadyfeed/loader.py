@@ -677,7 +677,7 @@ def refuse_unsupported(source: Any, execution: ExecutionOptions) -> None:
     """Raise for a combination of source and execution that cannot work, saying what to use
     instead: ``mode="ray"`` without Ray, or a source (or one it wraps) whose
     ``unsupported(mode, workers)`` says why not (a Ray Dataset source in process mode)."""
-    mode, workers = execution.mode, execution.workers
+    mode, workers = execution.mode, workers_count(execution.workers)  # "auto" asks again before picking processes
     if mode == "ray" and workers not in (None, 0) and importlib.util.find_spec("ray") is None:
         raise ModuleNotFoundError(
             "mode='ray' needs Ray: pip install 'steadyfeed[ray]', or use mode='thread' or mode='process'"
