@@ -201,3 +201,21 @@ def test_gil_bound_work_on_a_source_that_refuses_processes_stays_on_threads(monk
         assert sum(len(b["x"]) for b in loader) == 24
         picked = loader.stats()["auto"]
     assert picked["mode"] == "thread" and "rows in another process's memory" in picked["reason"]
+
+
+def test_the_memory_budget_is_the_options_or_a_share_of_what_is_available():
+    assert auto.memory_budget(123) == 123
+    available = auto.available_memory()
+    assert auto.memory_budget(None) == (None if available is None else available // auto.MEMORY_SHARE)
+    assert available is None or available > 0
+
+
+def test_batches_far_cheaper_than_measured_make_the_next_epoch_measure_again(monkeypatch, no_leaks):
+    """The probe is scripted at 20 ms a batch; these batches take microseconds (well under a
+    quarter of that on any machine), so the second epoch starts with a new measurement."""
+    asked = scripted(monkeypatch, SCALES, SCALES)
+    with Loader(paired_source(80), 4, workers="auto") as loader:
+        list(loader.epoch(0))
+        assert asked == [20]
+        list(loader.epoch(1))
+    assert asked == [20, 20]

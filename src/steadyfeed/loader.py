@@ -112,9 +112,8 @@ class Loader:
         self._autopack = AutoPack(pack_to, source) if pack_to is not None else None
         self._reader = source  # what the workers read: the source, or its pack once one is ready (autopack.py)
         self._pool = None
-        self._unset_workers: int | Literal["auto"] = (
-            0  # what workers=None means: "auto" once as_keras() serves the loader
-        )
+        # what workers=None (not given) means: 0, or "auto" once as_keras() serves the loader
+        self._unset_workers: int | Literal["auto"] = 0
         self._auto: AutoChoice | None = None  # what workers="auto" picked (execution/auto.py)
         self._auto_since = (0, 0.0)  # (batches, seconds of batch work) counted when it picked
         self._running_config = self._resolved_config()  # config with workers an int: what the pool runs
@@ -344,8 +343,7 @@ class Loader:
             return
         plan = self._plan(epoch)
         probe = auto.measure(lambda k: _nbytes(self.peek(k, epoch)), len(plan))
-        budget = self.config.execution.max_inflight_bytes
-        budget = budget if budget is not None else (lambda m: m and m // auto.MEMORY_SHARE)(auto.available_memory())
+        budget = auto.memory_budget(self.config.execution.max_inflight_bytes)
         choice = auto.choose(probe, auto.usable_cores(), budget, self._why_no_processes)
         if self._auto is None or (choice.workers, choice.mode) != (self._auto.workers, self._auto.mode):
             self._shutdown_pool()  # started again, as chosen, by _ensure_pool
@@ -496,8 +494,8 @@ class Loader:
         return self._quarantine.report()
 
     def stats(self) -> dict:
-        """What the loader measured about itself (``stats.py``), ``"handoff"``, ``"workers"`` and
-        ``"mode"`` (those in use: an int, whatever was asked), under ``workers="auto"`` what it
+        """What the loader measured about itself (``stats.py``), ``"handoff"``, ``"workers"``,
+        ``"mode"`` and ``"prefetch"`` (those in use: an int, whatever was asked), under ``workers="auto"`` what it
         picked and why (``"auto"``: ``execution/auto.py``'s ``AutoChoice``; None until the first
         epoch starts), and with ``pack_to`` the pack's state (``"pack"``: ``state``, ``path``, ``error``)."""
         pack = {"pack": self._autopack.report()} if self._autopack is not None else {}
@@ -678,7 +676,7 @@ def refuse_unsupported(source: Any, execution: ExecutionOptions) -> None:
     instead: ``mode="ray"`` without Ray, or a source (or one it wraps) whose
     ``unsupported(mode, workers)`` says why not (a Ray Dataset source in process mode)."""
     mode, workers = execution.mode, workers_count(execution.workers)  # "auto" asks again before picking processes
-    if mode == "ray" and workers not in (None, 0) and importlib.util.find_spec("ray") is None:
+    if mode == "ray" and workers > 0 and importlib.util.find_spec("ray") is None:
         raise ModuleNotFoundError(
             "mode='ray' needs Ray: pip install 'steadyfeed[ray]', or use mode='thread' or mode='process'"
         )

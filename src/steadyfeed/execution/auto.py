@@ -79,6 +79,15 @@ def available_memory() -> int | None:
     return None
 
 
+def memory_budget(max_inflight_bytes: int | None) -> int | None:
+    """Bytes the queued batches may take: ``max_inflight_bytes``, else ``1 / MEMORY_SHARE`` of the
+    memory available now (None where that is unknown: no bound but the cores)."""
+    if max_inflight_bytes is not None:
+        return max_inflight_bytes
+    available = available_memory()
+    return None if available is None else available // MEMORY_SHARE
+
+
 @dataclass(frozen=True)
 class Probe:
     """The measurements: seconds per batch made one after the other, the wall time of two
