@@ -61,6 +61,19 @@ def test_work_hidden_by_workers_is_never_probed():
     assert h.to_workers and h._phase == "keep"
 
 
+def test_work_inflated_by_contending_workers_is_probed():
+    """4 threads on 2 cores: each takes 4x as long over a batch as one would, and the consumer
+    waits for every batch; the gate reads the work per worker, so the consumer gets its probe."""
+    hidden = H.MeasuredHandoff(settle=0, workers=1)
+    feed(hidden, H.PROBE_BATCHES, 150 * US, 140 * US, 600 * US)
+    assert hidden.to_workers and hidden._phase == "keep"  # one worker that slow would hide it
+    contended = H.MeasuredHandoff(settle=0, workers=4)
+    feed(contended, H.PROBE_BATCHES, 150 * US, 140 * US, 600 * US)
+    assert not contended.to_workers and contended._phase == "probe"
+    feed(contended, 1 + H.PROBE_BATCHES, 67 * US, 67 * US, 60 * US, made_here=True)
+    assert not contended.to_workers and contended._phase == "keep"
+
+
 def test_probe_stops_early_when_the_consumer_is_clearly_slower():
     h = measured(settle=0)
     feed(h, H.PROBE_BATCHES, 10 * MS, 9 * MS, 20 * MS)  # worker-bound: the gate lets a probe run

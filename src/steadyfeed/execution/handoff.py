@@ -13,8 +13,10 @@ both ways and keeps the faster:
    mean time a worker spent making a batch. Means, not medians: throughput is the
    inverse of the mean cycle, and these cycles are bimodal (most batches are ready at
    once, some are waited for), so a median would hide the waits;
-2. when the consumer spends less than a ``GATE_RATIO``-th of a batch's making time
-   inside the loader, the workers hide that work and nothing is probed. Otherwise no
+2. when the consumer spends less than a ``GATE_RATIO``-th of a batch's making time, per
+   worker, inside the loader, the workers hide that work and nothing is probed (per
+   worker: N workers at once each take longer over a batch when they contend, for the
+   GIL or the memory bus, so the time a batch took a worker overstates what it hides). Otherwise no
    new task goes to the workers; the ones in flight arrive, and the consumer then
    makes ``PROBE_BATCHES`` batches itself (the first, a transition, not counted),
    stopping early once the median of its cycles (``ABORT_AFTER`` at least; a median,
@@ -73,8 +75,9 @@ class FixedHandoff:
 class MeasuredHandoff:
     """Measures batches made by workers and by the consumer; ``to_workers`` says which way now."""
 
-    def __init__(self, settle: int):
+    def __init__(self, settle: int, workers: int = 1):
         self.settle = settle  # batches to skip after (re)starting workers: the pipeline is filling
+        self.workers = max(1, workers)
         self._start_measuring()
 
     @property
@@ -118,7 +121,7 @@ class MeasuredHandoff:
             return
         cycles, in_loaders, works = zip(*self._pooled)
         self._pooled_cycle = statistics.fmean(cycles)
-        if statistics.fmean(in_loaders) * GATE_RATIO < statistics.fmean(works):
+        if statistics.fmean(in_loaders) * GATE_RATIO < statistics.fmean(works) / self.workers:
             self._keep(to_workers=True)  # the workers hide the work: making it here would add it
         else:
             self._phase, self.to_workers = "probe", False
@@ -145,4 +148,4 @@ def make_handoff(config) -> FixedHandoff | MeasuredHandoff:
         return FixedHandoff(to_workers=False)
     if not config.makes_batches_inline:
         return FixedHandoff(to_workers=True)
-    return MeasuredHandoff(settle=config.execution.effective_prefetch)
+    return MeasuredHandoff(settle=config.execution.effective_prefetch, workers=config.execution.workers)
