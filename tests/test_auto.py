@@ -21,8 +21,8 @@ ALWAYS = lambda: None  # noqa: E731 - processes may be used
 
 
 def probe(batch_ms=5.0, speedup=1.9, batch_bytes=MB):
-    pair = 2 * batch_ms / 1e3 / speedup
-    return auto.Probe(batch_ms / 1e3, pair, batch_bytes)
+    parallel = 2 * auto.THREAD_BATCHES * batch_ms / 1e3 / speedup
+    return auto.Probe(batch_ms / 1e3, parallel, batch_bytes)
 
 
 # -- the rules --------------------------------------------------------------------------------
@@ -80,10 +80,12 @@ def test_the_probe_warms_up_times_batches_one_by_one_then_makes_pairs_in_two_thr
     result = auto.measure(make, batches=100)
     ks = [k for k, _ in made]
     assert ks[: 1 + auto.TIMED_BATCHES] == list(range(1 + auto.TIMED_BATCHES))
-    assert sorted(ks) == list(range(1 + auto.TIMED_BATCHES + 2 * auto.PAIRS))
+    assert sorted(ks) == list(range(1 + auto.TIMED_BATCHES + 2 * auto.THREAD_BATCHES))
     paired = [t for k, t in made if k > auto.TIMED_BATCHES]
-    assert threading.current_thread() not in paired and len(set(paired)) == 2 * auto.PAIRS  # a thread each
-    assert result.batch_bytes == 1000 and result.batch_seconds is not None and result.pair_seconds is not None
+    assert threading.current_thread() not in paired and len(set(paired)) == 2  # two threads
+    assert sorted(paired.count(t) for t in set(paired)) == [auto.THREAD_BATCHES] * 2  # an even share
+    assert result.parallel_seconds is not None
+    assert result.batch_bytes == 1000 and result.batch_seconds is not None
 
 
 @pytest.mark.parametrize("fail_at", [0, 1, 1 + auto.TIMED_BATCHES])

@@ -2,13 +2,13 @@
 
 At the start of the first epoch (and of a later one, when the batches' cost has changed
 ``RECHECK_RATIO``-fold since, see :func:`cost_changed`), the loader makes a few batches of
-that epoch in the consumer (``Loader.peek``: exactly the batches iteration gives), then two
-at once in two threads, and picks:
+that epoch in the consumer (``Loader.peek``: exactly the batches iteration gives), then a
+few more in two threads at once, and picks:
 
 * **how many**: the usable cores (``os.sched_getaffinity``), at most as many as the
   prefetch queue's batches (2 per worker) fit in a memory budget: ``max_inflight_bytes``
   when given, else a quarter of the memory available now;
-* **the mode**: ``"thread"`` when two threads made two batches at least ``THREADS_SCALE``
+* **the mode**: ``"thread"`` when two threads made batches at least ``THREADS_SCALE``
   times as fast as one did one after the other (the work releases the GIL: decoders, file
   reads, numpy), or when a batch costs less than ``PROCESS_WORTH_SECONDS`` (less than
   sending it from a process costs; the consumer may then make batches itself,
@@ -34,13 +34,18 @@ from dataclasses import asdict, dataclass
 
 from ..config import Mode
 
-THREADS_SCALE = 1.3  # of the 2x two threads could give: GIL-bound work gives about 1x, or less
+# of the 2x two threads could give: GIL-bound work gives about 1x (or less); JPEG batches gave
+# 1.13x-1.59x in short probes on the 2-core VM, and run about as fast on threads as on processes:
+# processes (a start-up, pickling, a copy per batch) only when threads clearly do not scale
+THREADS_SCALE = 1.1
 PROCESS_WORTH_SECONDS = 0.001  # a batch cheaper than this costs less to make than to ship from a process
 MEMORY_SHARE = 4  # without max_inflight_bytes, queued batches may take 1/4 of the memory available
 RECHECK_RATIO = 4.0  # a batch cost this many times higher or lower than measured: measure again
 MIN_BATCHES_FOR_RECHECK = 16  # batches made since the choice before their cost is compared with it
-TIMED_BATCHES = 2  # made one after the other, after one that is not timed (files opened, caches warmed)
-PAIRS = 2  # pairs made at once, two threads each (the mean: one pair alone is at the scheduler's mercy)
+TIMED_BATCHES = 3  # made one after the other, after one that is not timed (files opened, caches warmed)
+# then made by two threads at once, this many each, one after the other: a single batch each would
+# time mostly the second thread's start (measured: 1.1-1.2x for JPEG batches that 2 threads make 1.5x as fast)
+THREAD_BATCHES = 4
 
 
 @dataclass(frozen=True)
@@ -90,24 +95,26 @@ def memory_budget(max_inflight_bytes: int | None) -> int | None:
 
 @dataclass(frozen=True)
 class Probe:
-    """The measurements: seconds per batch made one after the other, the wall time of two
-    made at once, and a batch's bytes; None where the probe could not get that far."""
+    """The measurements: seconds per batch made one after the other, the wall time of
+    ``2 * THREAD_BATCHES`` made by two threads at once, and a batch's bytes; None where the
+    probe could not get that far."""
 
     batch_seconds: float | None
-    pair_seconds: float | None
+    parallel_seconds: float | None
     batch_bytes: int | None
 
     @property
     def thread_speedup(self) -> float | None:
-        if self.batch_seconds is None or not self.pair_seconds:
+        if self.batch_seconds is None or not self.parallel_seconds:
             return None
-        return 2 * self.batch_seconds / self.pair_seconds
+        return 2 * THREAD_BATCHES * self.batch_seconds / self.parallel_seconds
 
 
 def measure(make: Callable[[int], int], batches: int) -> Probe:
     """``make(k)`` makes batch ``k`` in the calling thread and returns its bytes. Batch 0 warms
-    up, the next ``TIMED_BATCHES`` are timed one after the other, then ``PAIRS`` pairs at once."""
-    needed = 1 + TIMED_BATCHES + 2 * PAIRS
+    up, the next ``TIMED_BATCHES`` are timed one after the other, then two threads make
+    ``THREAD_BATCHES`` each at once."""
+    needed = 1 + TIMED_BATCHES + 2 * THREAD_BATCHES
     if batches < needed:
         return Probe(None, None, None)
     try:
@@ -119,23 +126,23 @@ def measure(make: Callable[[int], int], batches: int) -> Probe:
             seconds.append(time.perf_counter() - t0)
     except Exception:  # noqa: BLE001 - the epoch meets it again, under the loader's on_error
         return Probe(None, None, None)
-    pairs = [_pair(make, 1 + TIMED_BATCHES + 2 * p) for p in range(PAIRS)]
-    timed = [p for p in pairs if p is not None]
-    pair = statistics.mean(timed) if len(timed) == PAIRS else None
-    return Probe(statistics.mean(seconds), pair, batch_bytes)
+    return Probe(statistics.mean(seconds), _in_two_threads(make, 1 + TIMED_BATCHES), batch_bytes)
 
 
-def _pair(make: Callable[[int], int], first: int) -> float | None:
-    """Wall seconds for batches ``first`` and ``first + 1`` made at once in two threads."""
+def _in_two_threads(make: Callable[[int], int], first: int) -> float | None:
+    """Wall seconds for ``2 * THREAD_BATCHES`` batches from ``first`` on, made by two threads
+    at once, ``THREAD_BATCHES`` each."""
     failed = []
 
-    def run(k: int) -> None:
+    def run(ks: range) -> None:
         try:
-            make(k)
+            for k in ks:
+                make(k)
         except Exception:  # noqa: BLE001 - reported as "no measurement"
-            failed.append(k)
+            failed.append(ks)
 
-    threads = [threading.Thread(target=run, args=(k,), name="steadyfeed-auto-probe") for k in (first, first + 1)]
+    halves = (range(first, first + THREAD_BATCHES), range(first + THREAD_BATCHES, first + 2 * THREAD_BATCHES))
+    threads = [threading.Thread(target=run, args=(ks,), name="steadyfeed-auto-probe") for ks in halves]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
