@@ -6,6 +6,7 @@ loader tests script the measurement (``auto.measure``) to force each choice.
 """
 
 import threading
+import time
 
 import pytest
 from helpers import epoch_digest, noisy, paired_source
@@ -62,11 +63,10 @@ def test_one_core_or_nothing_measured_gives_threads():
 
 
 def test_a_cost_change_of_the_ratio_either_way_asks_for_a_new_measurement():
-    choice = auto.choose(probe(batch_ms=10), 2, None, ALWAYS)
-    assert not auto.cost_changed(choice, 0.010 * (auto.RECHECK_RATIO - 0.5))
-    assert auto.cost_changed(choice, 0.010 * (auto.RECHECK_RATIO + 0.5))
-    assert auto.cost_changed(choice, 0.010 / (auto.RECHECK_RATIO + 0.5))
-    assert not auto.cost_changed(choice, None)
+    assert not auto.cost_changed(0.010, 0.010 * (auto.RECHECK_RATIO - 0.5))
+    assert auto.cost_changed(0.010, 0.010 * (auto.RECHECK_RATIO + 0.5))
+    assert auto.cost_changed(0.010, 0.010 / (auto.RECHECK_RATIO + 0.5))
+    assert not auto.cost_changed(0.010, None) and not auto.cost_changed(None, 0.010)
 
 
 # -- the probe ---------------------------------------------------------------------------------
@@ -151,16 +151,17 @@ def test_a_loader_that_picks_delivers_the_batches_of_workers_0(monkeypatch, meas
 
 def test_a_loader_measures_again_when_batches_change_cost_and_restarts_its_workers(monkeypatch, no_leaks):
     asked = scripted(monkeypatch, SCALES, GIL)
-    monkeypatch.setattr(auto, "cost_changed", lambda choice, seconds: True)
-    src = paired_source(40)
+    monkeypatch.setattr(auto, "cost_changed", lambda reference, now: True)
+    src = paired_source(80)
     with Loader(src, 4, seed=1, transform=noisy) as plain:
-        expected = [epoch_digest(plain.epoch(e)) for e in range(2)]
+        expected = [epoch_digest(plain.epoch(e)) for e in range(3)]
     with Loader(src, 4, seed=1, transform=noisy, workers="auto") as loader:
-        first = epoch_digest(loader.epoch(0))
-        assert loader.stats()["mode"] == "thread"
-        second = epoch_digest(loader.epoch(1))
+        digests = [epoch_digest(loader.epoch(0))]
+        digests.append(epoch_digest(loader.epoch(1)))  # epoch 0's cost becomes the reference
+        assert loader.stats()["mode"] == "thread" and asked == [20]
+        digests.append(epoch_digest(loader.epoch(2)))  # epoch 1's cost "changed": measured again
         assert loader.stats()["mode"] == "process"
-    assert [first, second] == expected and asked == [10, 10]
+    assert digests == expected and asked == [20, 20]
 
 
 def test_unset_workers_are_0_when_iterated_and_auto_under_keras(monkeypatch):
@@ -212,12 +213,31 @@ def test_the_memory_budget_is_the_options_or_a_share_of_what_is_available():
     assert available is None or available > 0
 
 
-def test_batches_far_cheaper_than_measured_make_the_next_epoch_measure_again(monkeypatch, no_leaks):
-    """The probe is scripted at 20 ms a batch; these batches take microseconds (well under a
-    quarter of that on any machine), so the second epoch starts with a new measurement."""
+class Slows:
+    """Rows of ``paired_source``; each takes at least 5 ms once ``slow`` is set (a sleep: a lower
+    bound on any machine), microseconds before."""
+
+    def __init__(self, n):
+        self.inner, self.slow = paired_source(n), False
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        if self.slow:
+            time.sleep(0.005)
+        return self.inner[i]
+
+
+def test_batches_that_become_far_costlier_make_the_next_epoch_measure_again(monkeypatch, no_leaks):
     asked = scripted(monkeypatch, SCALES, SCALES)
-    with Loader(paired_source(80), 4, workers="auto") as loader:
+    src = Slows(80)
+    with Loader(src, 4, workers="auto") as loader:
         list(loader.epoch(0))
+        list(loader.epoch(1))  # epoch 0 is the reference
+        list(loader.epoch(2))  # as cheap as epoch 0: nothing measured
         assert asked == [20]
-        list(loader.epoch(1))
+        src.slow = True  # 20 ms a batch at least, against microseconds
+        list(loader.epoch(3))
+        list(loader.epoch(4))  # epoch 3 cost far more than the reference
     assert asked == [20, 20]

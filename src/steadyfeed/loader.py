@@ -115,7 +115,8 @@ class Loader:
         # what workers=None (not given) means: 0, or "auto" once as_keras() serves the loader
         self._unset_workers: int | Literal["auto"] = 0
         self._auto: AutoChoice | None = None  # what workers="auto" picked (execution/auto.py)
-        self._auto_since = (0, 0.0)  # (batches, seconds of batch work) counted when it picked
+        self._auto_since = (0, 0.0)  # (batches, seconds of batch work) counted at the last check
+        self._auto_cost: float | None = None  # work per batch in the first stretch after a pick
         self._running_config = self._resolved_config()  # config with workers an int: what the pool runs
         self._handoff = self._new_handoff()  # who makes each batch; measured anew with each new pool
         self._budget = ByteBudget(self.config.execution.max_inflight_bytes)  # learns batch sizes across epochs
@@ -336,10 +337,12 @@ class Loader:
 
     def _choose_workers(self, epoch: int) -> None:
         """At an epoch's start, under ``workers="auto"``: measure and pick, the first time and
-        whenever batches have come to cost ``auto.RECHECK_RATIO`` times more or less since."""
+        whenever batches have come to cost ``auto.RECHECK_RATIO`` times more or less than in
+        the first stretch after the pick. Costs are the stage times the stats count (the
+        same units before and after: a probe's wall times are not compared with them)."""
         if self.config.execution.resolved(self._unset_workers).workers != AUTO:
             return
-        if self._auto is not None and not auto.cost_changed(self._auto, self._batch_cost_since_choice()):
+        if self._auto is not None and not self._cost_changed():
             return
         plan = self._plan(epoch)
         probe = auto.measure(lambda k: _nbytes(self.peek(k, epoch)), len(plan))
@@ -347,9 +350,23 @@ class Loader:
         choice = auto.choose(probe, auto.usable_cores(), budget, self._why_no_processes)
         if self._auto is None or (choice.workers, choice.mode) != (self._auto.workers, self._auto.mode):
             self._shutdown_pool()  # started again, as chosen, by _ensure_pool
-        self._auto = choice
+        self._auto, self._auto_cost = choice, None
         self._auto_since = (self._stats.batches, self._work_seconds())
         self._running_config = self._resolved_config()
+
+    def _cost_changed(self) -> bool:
+        """Whether the batches made since the last check cost ``RECHECK_RATIO`` times more or
+        less than those of the first stretch after the pick (which this then records)."""
+        batches, seconds = self._auto_since
+        made = self._stats.batches - batches
+        if made < auto.MIN_BATCHES_FOR_RECHECK:
+            return False  # too few to tell: keep counting from the same mark
+        cost = (self._work_seconds() - seconds) / made
+        self._auto_since = (self._stats.batches, self._work_seconds())
+        if self._auto_cost is None:
+            self._auto_cost = cost
+            return False
+        return auto.cost_changed(self._auto_cost, cost)
 
     def _why_no_processes(self) -> str | None:
         def unsupported(mode: Mode) -> str | None:
@@ -363,12 +380,6 @@ class Loader:
 
     def _work_seconds(self) -> float:
         return sum(self._stats.stage_seconds[s] for s in WORK_STAGES)
-
-    def _batch_cost_since_choice(self) -> float | None:
-        """Seconds of work per batch (summed over workers) since ``workers="auto"`` last picked."""
-        batches, seconds = self._auto_since
-        made = self._stats.batches - batches
-        return (self._work_seconds() - seconds) / made if made >= auto.MIN_BATCHES_FOR_RECHECK else None
 
     def _ensure_pool(self):
         if self._pool is None:

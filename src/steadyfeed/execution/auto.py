@@ -1,7 +1,7 @@
 """``workers="auto"``: how many workers, and which kind, measured on the loader's own batches.
 
 At the start of the first epoch (and of a later one, when the batches' cost has changed
-``RECHECK_RATIO``-fold since, see :func:`cost_changed`), the loader makes a few batches of
+``RECHECK_RATIO``-fold since the first stretch after the pick, see :func:`cost_changed`), the loader makes a few batches of
 that epoch in the consumer (``Loader.peek``: exactly the batches iteration gives), then a
 few more in two threads at once, and picks:
 
@@ -195,9 +195,10 @@ def _mode(probe: Probe, cores: int, speedup: float | None, no_processes: Callabl
     return "process", f"two threads made batches only {speedup:.2f}x as fast as one ({ms:.1f} ms each): the GIL"
 
 
-def cost_changed(choice: AutoChoice, batch_seconds: float | None) -> bool:
-    """Whether batches now cost ``RECHECK_RATIO`` times more or less than when ``choice`` was made."""
-    if choice.batch_seconds is None or not batch_seconds:
+def cost_changed(reference: float | None, now: float | None) -> bool:
+    """Whether batches now cost ``RECHECK_RATIO`` times more or less than ``reference`` (seconds
+    of work per batch, both counted the same way)."""
+    if not reference or not now:
         return False
-    ratio = batch_seconds / choice.batch_seconds
+    ratio = now / reference
     return ratio > RECHECK_RATIO or ratio < 1 / RECHECK_RATIO

@@ -10,7 +10,7 @@ array (``ImageFolder.read_batch``).
 ``tf.io.decode_jpeg``'s default (``dct_method="INTEGER_FAST"``), bit for bit. The default,
 ``fast=False``, is the accurate integer DCT (``dct_method="INTEGER_ACCURATE"``, Pillow's
 and Keras ``load_img``'s). On photo-like 128 x 128 JPEGs at quality 90 the fast DCT costs
-a fraction of a dB of PSNR and decodes about 10% faster (``benchmarks/bench_sources.py``
+a few hundredths of a dB of PSNR and decodes about 5% faster (``benchmarks/bench_sources.py``
 prints both); a pixel differs by at most a few levels.
 """
 
