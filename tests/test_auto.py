@@ -214,8 +214,9 @@ def test_the_memory_budget_is_the_options_or_a_share_of_what_is_available():
 
 
 class Slows:
-    """Rows of ``paired_source``; each takes at least 5 ms once ``slow`` is set (a sleep: a lower
-    bound on any machine), microseconds before."""
+    """Rows of ``paired_source`` that sleep 2 ms each, 50 ms once ``slow`` is set: sleeps are
+    lower bounds on any machine, so the cheap epochs' cost cannot fall to nothing (microsecond
+    batches vary many-fold on a busy machine) and the slow ones cost 25x at least."""
 
     def __init__(self, n):
         self.inner, self.slow = paired_source(n), False
@@ -224,20 +225,20 @@ class Slows:
         return len(self.inner)
 
     def __getitem__(self, i):
-        if self.slow:
-            time.sleep(0.005)
+        time.sleep(0.05 if self.slow else 0.002)
         return self.inner[i]
 
 
 def test_batches_that_become_far_costlier_make_the_next_epoch_measure_again(monkeypatch, no_leaks):
     asked = scripted(monkeypatch, SCALES, SCALES)
+    monkeypatch.setattr(auto, "RECHECK_RATIO", 10.0)  # far above what noise makes of 2 ms sleeps
     src = Slows(80)
     with Loader(src, 4, workers="auto") as loader:
         list(loader.epoch(0))
         list(loader.epoch(1))  # epoch 0 is the reference
-        list(loader.epoch(2))  # as cheap as epoch 0: nothing measured
+        list(loader.epoch(2))  # as costly as epoch 0: nothing measured
         assert asked == [20]
-        src.slow = True  # 20 ms a batch at least, against microseconds
+        src.slow = True
         list(loader.epoch(3))
-        list(loader.epoch(4))  # epoch 3 cost far more than the reference
+        list(loader.epoch(4))  # epoch 3 cost 25x the reference or more
     assert asked == [20, 20]
