@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -286,3 +287,25 @@ def _slow_start(inner, marker_dir: str, maker: int) -> SlowToStart:
         while time.monotonic() < deadline and not os.path.exists(os.path.join(marker_dir, "release")):
             time.sleep(0.02)
     return SlowToStart(inner, marker_dir)
+
+
+class HeldInPacker:
+    """A source whose sample ``at``, when ``pack_to``'s child process reads it, says so (a file
+    ``reached`` in ``marks``) and then waits for a file ``go`` there; any other reader, the
+    loader included, reads it at once. Module-level, so it pickles into that child."""
+
+    def __init__(self, inner, at: int, marks: str):
+        self.inner, self.at, self.marks = inner, at, marks
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        if i == self.at and sys.argv[0].endswith("pack_process.py"):  # python -m steadyfeed.pack_process
+            open(os.path.join(self.marks, "reached"), "w").close()
+            while not os.path.exists(os.path.join(self.marks, "go")):
+                time.sleep(0.01)
+        return self.inner[i]
+
+    def fingerprint(self):
+        return "held:" + self.inner.fingerprint()

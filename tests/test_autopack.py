@@ -3,11 +3,16 @@ the background during the first epoch and reads the shards from then on and in l
 with bit-identical batches; a changed source gets a new pack; a half-written pack is never read."""
 
 import os
+import pickle
+import subprocess
+import sys
 import threading
+import time
 
 import numpy as np
+import psutil
 import pytest
-from helpers import epoch_digest, noisy
+from helpers import HeldInPacker, epoch_digest, noisy
 
 import steadyfeed as sf
 from steadyfeed import Loader
@@ -131,6 +136,69 @@ def test_close_during_the_build_leaves_nothing_behind(tmp_path, no_leaks):
     assert loader.stats()["pack"]["state"] == "absent" and "error" not in loader.stats()["pack"]
 
 
+def held_source(tmp_path, n=60):
+    """A source the packer's child process stops inside of (``helpers.HeldInPacker``)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    return HeldInPacker(npy_pairs(tmp_path / "data", n), at=n // 2, marks=str(marks)), marks
+
+
+def wait_for(path, seconds=120):
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def test_the_pack_is_built_in_a_child_process_and_close_ends_it(tmp_path, no_leaks):
+    source, marks = held_source(tmp_path)
+    loader = Loader(source, 8, pack_to=tmp_path / "packs")
+    list(loader.epoch(0))
+    wait_for(marks / "reached")  # the child stands inside sample 30, in its own process
+    assert loader.stats()["pack"]["state"] == "building" and loader.stats()["pack"]["packer"] == "process"
+    loader.close()  # ends the child: no_leaks finds no process left
+    assert packs(tmp_path / "packs") == [] and not list(tmp_path.glob(".*partial*"))
+    assert loader.stats()["pack"]["state"] == "absent" and "error" not in loader.stats()["pack"]
+
+
+def test_the_packer_process_ends_when_its_loaders_process_is_killed(tmp_path):
+    source, marks = held_source(tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import pickle, sys, time\n"
+        "from steadyfeed import Loader\n"
+        f"source = pickle.loads({pickle.dumps(source)!r})\n"
+        f"loader = Loader(source, 8, pack_to={str(tmp_path / 'packs')!r})\n"
+        "list(loader.epoch(0))\n"
+        "time.sleep(600)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    train = subprocess.Popen([sys.executable, str(script)], env=env)
+    packer = None
+    try:
+        wait_for(marks / "reached")  # the packer stands inside sample 30
+        (packer,) = psutil.Process(train.pid).children()
+        assert "steadyfeed.pack_process" in packer.cmdline()
+        train.kill()  # no close(), no atexit: only the lifeline tells the child
+        train.wait(60)
+        packer.wait(120)  # psutil.TimeoutExpired (a failure) if the child outlived it
+    finally:
+        train.kill()
+        train.wait(60)
+        (marks / "go").touch()  # a child that outlived it (the failure above) finishes, and exits
+        if packer is not None and packer.is_running():
+            packer.kill()
+
+
+def test_a_source_that_does_not_pickle_is_packed_by_a_thread(tmp_path):
+    gate = threading.Event()
+    gate.set()
+    source = Gated(npy_pairs(tmp_path / "data", 20), at=5, gate=gate)  # an Event does not pickle
+    with Loader(source, 8, pack_to=tmp_path / "packs") as loader:
+        assert [r for r, _ in run_epochs(loader, 2)] == ["files", "pack"]
+        assert loader.stats()["pack"]["packer"].startswith("thread: the source does not pickle")
+
+
 def test_a_sample_that_fails_to_read_abandons_the_pack_and_the_files_go_on(tmp_path, no_leaks):
     source = npy_pairs(tmp_path / "data", 40)
     with open(tmp_path / "data" / "x" / "0013.npy", "r+b") as f:
@@ -145,19 +213,70 @@ def test_a_sample_that_fails_to_read_abandons_the_pack_and_the_files_go_on(tmp_p
     assert packs(tmp_path / "packs") == []
 
 
-def test_pack_to_with_jpeg_images_is_bit_identical(tmp_path):
+def photos(root, n=10, **save):
+    """``root/a`` and ``root/b``, ``n`` JPEG scenes each (Pillow's encoder)."""
     from images_made import scene
 
     for c in ("a", "b"):
-        (tmp_path / "photos" / c).mkdir(parents=True)
-        for j in range(10):
-            scene(j + (c == "b") * 10).save(tmp_path / "photos" / c / f"{j}.jpg", quality=85)
-    images = sf.ImageFolder(tmp_path / "photos")
-    with Loader(images, 4, shuffle=True) as plain:
-        reference = [epoch_digest(plain.epoch(e)) for e in range(2)]
-    with Loader(images, 4, shuffle=True, pack_to=tmp_path / "packs") as loader:
-        got = run_epochs(loader, 2)
-    assert got == [("files", reference[0]), ("pack", reference[1])]
+        (root / c).mkdir(parents=True)
+        for j in range(n):
+            scene(j + (c == "b") * n).save(root / c / f"{j}.jpg", **{"quality": 85, **save})
+    return root
+
+
+@pytest.mark.parametrize("workers,mode", [(0, "thread"), (2, "thread"), (2, "process")])
+def test_pack_to_with_jpeg_images_is_bit_identical(tmp_path, workers, mode, no_leaks):
+    kw = dict(shuffle=True, workers=workers, mode=mode, with_ids=True)
+    images = sf.ImageFolder(photos(tmp_path / "photos"), size=(48, 40), fast=True)
+    with Loader(images, 4, **kw) as plain:
+        reference = [epoch_digest(plain.epoch(e)) for e in range(3)]
+    with Loader(images, 4, pack_to=tmp_path / "packs", **kw) as loader:
+        got = run_epochs(loader, 3)
+    assert got == [("files", reference[0]), ("pack", reference[1]), ("pack", reference[2])]
+
+
+def test_an_image_folder_is_packed_as_its_files_bytes_and_read_back_in_batches(tmp_path, monkeypatch):
+    """The pack holds each file's bytes (a few KB), not its pixels; TensorFlow reads it as an
+    ImageNet-style TFRecord; later epochs decode whole batches from it (never one by one)."""
+    from steadyfeed.sources.packed_images import PackedImages
+    from steadyfeed.sources.tfrecord import TFRecordSource
+
+    images = sf.ImageFolder(photos(tmp_path / "photos"))
+    with Loader(images, 8, pack_to=tmp_path / "packs", shuffle=True) as loader:
+        list(loader.epoch(0))
+        assert loader.wait_for_pack(120), loader.stats()["pack"]
+        batched = []
+        real = PackedImages.read_batch
+        monkeypatch.setattr(PackedImages, "read_batch", lambda self, ids: batched.append(len(ids)) or real(self, ids))
+        monkeypatch.setattr(PackedImages, "__getitem__", lambda *a: pytest.fail("a packed image was read alone"))
+        list(loader.epoch(1))
+        assert loader.reading == "pack" and sum(batched) == len(images)
+    (pack,) = (tmp_path / "packs").glob("*/pack")
+    records = TFRecordSource(pack)
+    assert [records[i]["x"] for i in range(len(images))] == [open(p, "rb").read() for p in images.files]
+    assert [int(records[i]["y"]) for i in range(len(images))] == images.labels.tolist()
+    tf = pytest.importorskip("tensorflow")
+    first = next(iter(tf.data.TFRecordDataset(sorted(map(str, pack.glob("*.tfrecord"))))))
+    parsed = tf.io.parse_single_example(first, {"x": tf.io.FixedLenFeature([], tf.string)})
+    np.testing.assert_array_equal(tf.io.decode_jpeg(parsed["x"], dct_method="INTEGER_ACCURATE").numpy(), images[0]["x"])
+
+
+def test_a_corrupt_image_is_packed_and_named_by_its_file_when_read_from_the_pack(tmp_path, no_leaks):
+    """A file that reads but does not decode does not abandon the pack (its bytes are stored):
+    every epoch, from the files or the pack, quarantines that very image, named by its file."""
+    root = photos(tmp_path / "photos", 6)
+    bad = root / "b" / "2.jpg"
+    bad.write_bytes(bad.read_bytes()[:300])  # a truncated JPEG
+    images = sf.ImageFolder(root)
+    with Loader(images, 4, pack_to=tmp_path / "packs", on_error="skip", max_error_fraction=0.5) as loader:
+        reads = [r for r, _ in run_epochs(loader, 2)]
+        report = loader.quarantine_report()
+        assert reads == ["files", "pack"] and loader.stats()["pack"]["state"] == "ready"
+    assert sorted((e["sample_id"], e["epoch"]) for e in report) == [(8, 0), (8, 1)]
+    assert all(str(bad) in e["location"] and str(bad) in e["message"] for e in report), report
+    with Loader(images, 4, pack_to=tmp_path / "packs") as strict:
+        with pytest.raises(sf.SampleError, match="2.jpg"):
+            list(strict.epoch(0))
 
 
 def test_a_source_without_a_fingerprint_is_refused():

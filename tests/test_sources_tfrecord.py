@@ -150,6 +150,19 @@ def test_read_many_keeps_the_order_of_ids(foreign):
     src.close()
 
 
+def test_read_bytes_gives_one_bytes_feature_in_the_order_of_ids(foreign):
+    src = TFRecordSource(str(foreign / "*.tfrecord"), features=FOREIGN)
+    ids = [14, 0, 7, 7, 10, 3]
+    assert src.read_bytes(ids, "jpeg") == [src[i]["jpeg"] for i in ids]
+    with pytest.raises(ValueError, match="'z' is not a bytes feature"):
+        src.read_bytes(ids, "z")
+    path, offset, length = record_offset(src, 7)
+    flip_byte(path, offset + 12 + length // 2)
+    with pytest.raises(DataError, match=rf"CRC mismatch in data of record 7 at byte {offset} of .*a.tfrecord"):
+        TFRecordSource(str(foreign / "*.tfrecord"), features=FOREIGN).read_bytes([3, 7], "jpeg")
+    src.close()
+
+
 def test_a_subset_of_keys_can_be_read_and_specs_are_parsed(foreign):
     src = TFRecordSource(str(foreign / "a.tfrecord"), features={"y": "int64"})
     assert list(src[3]) == ["y"]

@@ -8,9 +8,15 @@ middle of an epoch, and could not say in ``stats()`` what an epoch read). What i
 * the pack of a source lives in ``DIR/<key>/``, ``key`` a digest of the source's type and
   ``fingerprint()`` (which changes when any file is added, removed or modified): a changed
   dataset gets a new pack, never a stale one; a source without ``fingerprint()`` is refused;
-* when the loader's first epoch starts and no pack is there, one thread packs the source
+* when the loader's first epoch starts and no pack is there, a child process packs the source
   (``steadyfeed.pack``: every sample in id order, as the source returns it, before any
-  transform), at the workers' lowered priority, while the epoch is served from the files;
+  transform) at the lowest priority, while the epoch is served from the files. The child
+  (``pack_process.py``) takes none of the training process's GIL and ends with its loader;
+  a source that cannot be pickled to it is packed by a thread instead (``stats()["pack"]
+  ["packer"]`` says which, and why). A
+  source with ``encoded()`` and ``from_encoded(records)`` is packed in the form it gives
+  instead: an ImageFolder packs its files' bytes, not their pixels
+  (``sources/packed_images.py``), and its pack is read back through the same decoder;
 * the pack appears whole or not at all: it is built in a hidden staging directory
   (``files.staging_directory``) holding the pack and ``source.json`` (the identity it was
   made from) and published by one rename, so a crash, a ``close()`` or a failing sample leave
@@ -22,14 +28,15 @@ middle of an epoch, and could not say in ``stats()`` what an epoch read). What i
   memory they are handed to the kernel's readahead as they are opened (``prefetch``), so a
   shuffled epoch reads them sequentially once instead of one random read per sample;
 * batches are bit-identical either way: a record round-trips its sample bit-exactly
-  (``packing.py``), and the transform, order and ids are the loader's own;
+  (``packing.py``), or its encoded form decoded as the source decodes it, and the transform,
+  order and ids are the loader's own;
 * ``stats()["reading"]`` is ``"files"`` or ``"pack"`` (what the current or last epoch read),
   ``stats()["pack"]`` the pack's state, and ``LoaderMonitor`` logs ``data_from_pack`` (the
   share of the epoch's batches read from the pack).
 
 Costs: one more read of every sample during the first epoch (sequential, in id order, in
-one thread below the training loop's priority) and disk space for the samples as arrays
-(a decoded JPEG is larger than the file). See ``docs/benchmarks.md`` (``bench_pack_to.py``).
+a process below the training loop's priority) and disk space for the samples as arrays
+(for images, as much as the files). See ``docs/benchmarks.md`` (``bench_pack_to.py``).
 """
 
 from __future__ import annotations
@@ -44,15 +51,12 @@ from typing import Any
 
 from .errors import DataError
 from .files import atomic_write, fsync_directory, staging_directory
+from .pack_process import Cancelled, NotPortable, PackFailed, Packing
 from .sources.base import close_source, fingerprint, locate
 
 PACK_NAME, IDENTITY_NAME = "pack", "source.json"
 NICENESS = 19  # the lowest priority: the packer takes only cycles that the loop, its workers (and others) leave
 JOIN_SECONDS = 30.0
-
-
-class Cancelled(Exception):
-    """The loader closed while its pack was being built."""
 
 
 class _Reading:
@@ -105,10 +109,19 @@ class AutoPack:
 
         require_support()  # ImportError now, naming the extra, not in the background later
         kind = type(source)
-        self.identity = {"type": f"{kind.__module__}.{kind.__qualname__}", "fingerprint": fp}
+        # a source that says how to store itself (ImageFolder: its files' bytes) is packed so;
+        # "stored" is in the identity, so a pack of the other form is never read as this one
+        self.encodes = callable(getattr(source, "encoded", None)) and callable(getattr(source, "from_encoded", None))
+        self.identity = {
+            "type": f"{kind.__module__}.{kind.__qualname__}",
+            "fingerprint": fp,
+            **({"stored": "encoded"} if self.encodes else {}),
+        }
         self.root, self.num_samples = Path(root), len(source)
         self.directory = self.root / pack_key(self.identity)
         self.error: str | None = None
+        self.packer: str | None = None  # where the pack is built: "process", or "thread" and why
+        self._child: Packing | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -135,20 +148,21 @@ class AutoPack:
         return {
             "state": self.state,
             "path": str(self.directory / PACK_NAME),
+            **({"packer": self.packer} if self.packer else {}),
             **({"error": self.error} if self.error else {}),
         }
 
-    def open(self):
-        """A TFRecordSource of the published pack: what the workers read once it is ready.
-        Its shards are handed to the kernel's readahead first when they fit in half the free
-        memory (``prefetch``)."""
+    def open(self, source: Any):
+        """What the workers read once the pack is ready: a TFRecordSource of it, or for a source
+        packed in its encoded form ``source.from_encoded(records)``. The shards are handed to
+        the kernel's readahead first when they fit in half the free memory (``prefetch``)."""
         from .sources.tfrecord import TFRecordSource
 
-        source = TFRecordSource(self.directory / PACK_NAME)
-        if len(source) != self.num_samples:  # the identity file said otherwise: never trust it then
-            raise DataError(f"{self.directory} holds {len(source)} records for {self.num_samples} samples")
+        records = TFRecordSource(self.directory / PACK_NAME)
+        if len(records) != self.num_samples:  # the identity file said otherwise: never trust it then
+            raise DataError(f"{self.directory} holds {len(records)} records for {self.num_samples} samples")
         prefetch(sorted((self.directory / PACK_NAME).glob("*.tfrecord")))
-        return source
+        return source.from_encoded(records) if self.encodes else records
 
     # -- building --------------------------------------------------------------------------
     def start(self, source: Any) -> None:
@@ -161,13 +175,12 @@ class AutoPack:
 
     def _build(self, source: Any) -> None:
         from .execution.workers import lower_priority
-        from .packing import pack
 
         lower_priority(NICENESS)
         self.root.mkdir(parents=True, exist_ok=True)
         staging = Path(staging_directory(self.directory))
         try:
-            pack(_Reading(source, self._stop), staging / PACK_NAME, progress=False)
+            self._pack(source.encoded() if self.encodes else source, staging / PACK_NAME)
             atomic_write(
                 staging / IDENTITY_NAME, json.dumps({"identity": self.identity, "samples": self.num_samples}).encode()
             )
@@ -175,7 +188,30 @@ class AutoPack:
             self._publish(staging)
         except BaseException as exc:  # a failing sample, a full disk, close(): no pack, the files go on
             shutil.rmtree(staging, ignore_errors=True)
-            self.error = None if _cancelled(exc) else f"{type(exc).__name__}: {exc}"
+            self.error = (
+                None if _cancelled(exc) else str(exc) if isinstance(exc, PackFailed) else f"{type(exc).__name__}: {exc}"
+            )
+
+    def _pack(self, stored: Any, out: Path) -> None:
+        """Pack ``stored`` into ``out`` in a child process (``pack_process.py``: a thread here
+        would hold the GIL the training loop and the workers need), or in this thread when
+        the source cannot go to one."""
+        from .packing import pack
+
+        try:
+            with self._lock:
+                if self._stop.is_set():
+                    raise Cancelled("the loader was closed")
+                self._child = Packing(stored, out, NICENESS)
+            self.packer = "process"
+            self._child.wait()
+            return
+        except NotPortable as exc:
+            self.packer = f"thread: {exc}"
+        finally:
+            with self._lock:
+                self._child = None
+        pack(_Reading(stored, self._stop), out, progress=False)
 
     def _publish(self, staging: Path) -> None:
         """One rename makes the pack appear. A stale or half-gone one of the same key (only a
@@ -195,7 +231,11 @@ class AutoPack:
 
     def stop(self) -> None:
         """Cancel a build under way and wait for its thread (bounded)."""
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
+            child = self._child
+        if child is not None:
+            child.cancel()
         thread = self._thread
         if thread is not None:
             thread.join(JOIN_SECONDS)

@@ -286,7 +286,7 @@ class Loader:
         """At an epoch's start: read the pack once it is ready (``pack_to``). The workers hold
         the reader, so they are restarted on the pack, once; an epoch never switches midway."""
         if self._autopack is not None and self._reader is self.source and self._autopack.ready:
-            reader = self._autopack.open()
+            reader = self._autopack.open(self.source)
             self._shutdown_pool()
             self._reader = reader
         self._stats.reading = "files" if self._reader is self.source else "pack"

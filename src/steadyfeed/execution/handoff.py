@@ -22,7 +22,13 @@ both ways and keeps the faster:
    stopping early once the median of its cycles (``ABORT_AFTER`` at least; a median,
    since the consumer's first batches open files of its own) exceeds ``ABORT_RATIO``
    times the workers' mean;
-3. the faster way is kept for at least ``RECHECK_BATCHES`` batches and
+3. when the consumer came out faster, the workers are measured once more (``PROBE_BATCHES``
+   batches, after the pipeline refills) and the consumer keeps the batches only if it beats
+   that measure too. The first measure may have been taken while the data was cold (a page
+   cache filling, the kernel's readahead of a pack under way), and a consumer probed after
+   it then looks faster for the warmer data, not for making batches itself: on a cold pack
+   of JPEGs that kept two decoding threads' batches in one thread for a whole epoch;
+4. the faster way is kept for at least ``RECHECK_BATCHES`` batches and
    ``RECHECK_SECONDS``, then measured again (the data, a cache or the machine's load
    may have changed). Both bounds keep the probes rare: a probe costs a few dozen
    batches at the slower way, whether batches take microseconds or seconds.
@@ -47,7 +53,7 @@ import statistics
 PROBE_BATCHES = 32
 RECHECK_BATCHES = 2000
 RECHECK_SECONDS = 10.0
-ABORT_RATIO = 1.5
+ABORT_RATIO = 1.25
 ABORT_AFTER = 4
 GATE_RATIO = 4.0
 WORK_STAGES = ("read", "transform", "collate")  # making a batch; "transport" is the hand-off
@@ -83,7 +89,7 @@ class MeasuredHandoff:
     @property
     def deciding(self) -> bool:
         """Measuring or probing: batches now may be made either way, at either speed."""
-        return self._phase in ("measure", "probe")
+        return self._phase in ("measure", "probe", "confirm")
 
     def pin_to_workers(self) -> None:
         """A worker was lost: from now on every batch is made by a worker."""
@@ -92,6 +98,9 @@ class MeasuredHandoff:
     def new_epoch(self) -> None:
         if self._phase == "measure":  # the pipeline starts empty: restart a measurement in progress
             self._start_measuring()
+        elif self._phase == "confirm":
+            self._settle = self.settle
+            self._again: list[float] = []
 
     def record(self, cycle: float, in_loader: float, timings: dict, made_here: bool) -> None:
         """One batch handed out: ``cycle`` seconds since the previous one, ``in_loader`` of them
@@ -101,6 +110,9 @@ class MeasuredHandoff:
         elif self._phase == "probe":
             if made_here:  # batches still in flight from the workers do not count
                 self._probe(cycle)
+        elif self._phase == "confirm":
+            if not made_here:
+                self._confirm(cycle)
         elif self._phase == "keep":
             self._kept_batches += 1
             self._kept_seconds += cycle
@@ -135,7 +147,21 @@ class MeasuredHandoff:
         if len(self._here) >= ABORT_AFTER and statistics.median(self._here) > ABORT_RATIO * self._pooled_cycle:
             self._keep(to_workers=True)
         elif len(self._here) >= PROBE_BATCHES:
-            self._keep(to_workers=statistics.fmean(self._here) >= self._pooled_cycle)
+            here = statistics.fmean(self._here)
+            if here >= self._pooled_cycle:
+                self._keep(to_workers=True)
+            else:  # faster than the workers were: measure them again before handing the batches over
+                self._phase, self.to_workers = "confirm", True
+                self._here_cycle, self._settle = here, self.settle
+                self._again = []
+
+    def _confirm(self, cycle: float) -> None:
+        if self._settle > 0:
+            self._settle -= 1
+            return
+        self._again.append(cycle)
+        if len(self._again) >= PROBE_BATCHES:
+            self._keep(to_workers=statistics.fmean(self._again) <= self._here_cycle)
 
     def _keep(self, to_workers: bool) -> None:
         self._phase, self.to_workers = "keep", to_workers

@@ -334,23 +334,36 @@ class ImageFolder(ImageReader):
     def read_batch(self, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
         """``{"x": (len(ids), h, w, channels) uint8, "y": int64 labels}``, decoded into one array
         (see the class docstring); raises when an image fails or differs in shape from the first."""
+        ids = self.check_ids(ids)
+        paths = [self._listing.path(i) for i in ids.tolist()]
+        return {"x": decode_batch(self, ((self._bytes(p), p) for p in paths), len(ids)), "y": self.labels_of(ids)}
+
+    def check_ids(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """``ids`` as int64, IndexError when one is out of range."""
         ids = np.asarray(ids, dtype=np.int64)
         if len(ids) and not (0 <= ids.min() and ids.max() < len(self._listing)):
             raise IndexError(f"sample ids {ids.min()}..{ids.max()} out of range for {len(self._listing)} images")
-        x: np.ndarray | None = None
-        for row, i in enumerate(ids.tolist()):
-            path = self._listing.path(i)
-            slot = None if x is None else x[row]
-            image = self.decode(self._bytes(path), path, into=slot)
-            if x is None:  # the first image sets the batch's shape
-                x = np.empty((len(ids), *image.shape), np.uint8)
-                x[0] = image
-            elif image is not slot:
-                if image.shape != x.shape[1:]:  # checked, not broadcast: (1, w, 3) would fill (h, w, 3)
-                    raise DataError(f"{path}: decoded to {image.shape}, the batch's first image to {x.shape[1:]}")
-                x[row] = image
-        labels = (np.searchsorted(self._listing.group_starts, ids, side="right") - 1).astype(np.int64)
-        return {"x": x if x is not None else np.empty((0, 0, 0, self.channels), np.uint8), "y": labels}
+        return ids
+
+    def labels_of(self, ids: np.ndarray) -> np.ndarray:
+        """The int64 labels of sample ids ``ids`` (checked by the caller)."""
+        return (np.searchsorted(self._listing.group_starts, ids, side="right") - 1).astype(np.int64)
+
+    # -- what pack_to stores (autopack.py): the files' bytes, decoded when read back ----------
+    def encoded(self):
+        """This folder as ``Loader(pack_to=...)`` packs it: sample ``i`` is ``{"x": the bytes of
+        file i, "y": its label}`` (``EncodedImages``), so a pack holds the files as they are
+        (a JPEG's few KB, not its decoded pixels) and reading it back decodes as this folder does."""
+        from .packed_images import EncodedImages
+
+        return EncodedImages(self)
+
+    def from_encoded(self, records):
+        """This folder's samples read from ``records`` (a TFRecordSource of ``encoded()``'s
+        samples): ``PackedImages``, equal to ``self[i]`` bit for bit."""
+        from .packed_images import PackedImages
+
+        return PackedImages(self, records)
 
     def locate(self, i: int) -> str:
         return self._listing.path(i)
@@ -366,6 +379,24 @@ class ImageFolder(ImageReader):
             f"ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes, "
             f"size={self.size}, channels={self.channels}{', fast=True' if self.fast else ''})"
         )
+
+
+def decode_batch(reader: ImageReader, encoded: Iterable[tuple[bytes, str]], n: int) -> np.ndarray:
+    """``n`` encoded images (``(bytes, name)`` pairs) decoded by ``reader`` into one
+    ``(n, h, w, channels)`` uint8 array, JPEGs of the output shape straight into their rows; the
+    first image sets the shape, and one of another shape raises DataError naming it."""
+    x: np.ndarray | None = None
+    for row, (data, name) in enumerate(encoded):
+        slot = None if x is None else x[row]
+        image = reader.decode(data, name, into=slot)
+        if x is None:
+            x = np.empty((n, *image.shape), np.uint8)
+            x[0] = image
+        elif image is not slot:
+            if image.shape != x.shape[1:]:  # checked, not broadcast: (1, w, 3) would fill (h, w, 3)
+                raise DataError(f"{name}: decoded to {image.shape}, the batch's first image to {x.shape[1:]}")
+            x[row] = image
+    return x if x is not None else np.empty((0, 0, 0, reader.channels), np.uint8)
 
 
 def _check_size(size) -> tuple[int, int] | None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...errors import DataError
 from ..base import LazyHandles, file_fingerprint
-from .example import RecordLayout, decode_example, example_classes, infer_features, parse_features
+from .example import FeatureSpec, RecordLayout, decode_example, example_classes, infer_features, parse_features
 from .framing import (
     INDEX_SUFFIX,
     RAW_SUFFIX,
@@ -166,9 +166,9 @@ class TFRecordSource:
         with self._handles.use(index.data_path) as fd:
             return _read(fd, index, r)
 
-    def _decode(self, data: bytes, f: int, r: int) -> dict:
+    def _decode(self, data: bytes, f: int, r: int, specs: Mapping[str, FeatureSpec] | None = None) -> dict:
         try:
-            return decode_example(data, self.specs, self.defaults)
+            return decode_example(data, self.specs if specs is None else specs, self.defaults)
         except DataError as exc:
             index = self._files[f]
             raise DataError(f"{record_name(r, index.rows.item(r, 0), index.name)}: {exc}") from None
@@ -209,6 +209,25 @@ class TFRecordSource:
                         self._layout_tried = True
                         self._layout = RecordLayout.learn(data, self.specs)
         return out
+
+    def read_bytes(self, ids: Sequence[int] | np.ndarray, key: str) -> list[bytes]:
+        """Feature ``key`` (a ``"bytes"`` spec) of the records of ``ids``, in that order: the
+        records read in file and offset order, one handle per file (CRCs checked), and only that
+        feature decoded. What a batch of encoded images reads (``PackedImages``); a bad record
+        raises DataError naming it, as ``self[i]`` would."""
+        spec = self.specs.get(key)
+        if spec is None or spec.dtype != "bytes":
+            raise ValueError(f"feature {key!r} is not a bytes feature of {self!r}")
+        ids = [int(i) for i in ids]
+        where = [self._record(i) for i in ids]
+        values: list = [None] * len(ids)
+        for f, run in itertools.groupby(sorted(range(len(ids)), key=ids.__getitem__), key=lambda k: where[k][0]):
+            index = self._files[f]
+            with self._handles.use(index.data_path) as fd:
+                for k in run:
+                    r = where[k][1]
+                    values[k] = self._decode(_read(fd, index, r), f, r, {key: spec})[key]
+        return values
 
     def read_many(self, ids: Sequence[int] | np.ndarray) -> list[dict]:
         """The samples of ``ids`` (in that order), read in file and offset order."""
