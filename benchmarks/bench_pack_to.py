@@ -14,8 +14,10 @@ For each dataset, in one run and in turns (``--repeat`` rounds; the median is sh
   until the pack was published is shown too.
 * **later epochs**: a shuffled epoch from a cold page cache, read from the small files (no
   ``pack_to``) and from the pack (a loader whose pack exists). Target: the pack >= 2x faster.
-  Beside it, the limit proxy: every byte of the pack read from a cold cache, with no loader,
-  and the speed-up an epoch from the pack would have if it cost only that reading.
+  Beside it, the limit proxies: every byte of the pack read from a cold cache, with no loader,
+  and for images (packed as their files' bytes, so reading them back decodes them) every
+  image decoded from memory in as many threads as the loader has; the speed-up an epoch from
+  the pack would have if it cost only the larger of the two.
 
 Every epoch is checked to deliver every id once. Loader: batch 32, 2 worker threads, no
 transform. Not a timed test: the machine is shared, so both sides of each ratio are measured
@@ -101,6 +103,20 @@ def cold_read(root: str) -> float:
     return time.perf_counter() - start
 
 
+def decode_limit(source) -> float:
+    """Seconds for WORKERS threads to decode every image of ``source`` (an ImageFolder) from
+    bytes already in memory, with no loader: the CPU's limit for an epoch from a pack of the
+    files' bytes, which must decode them all (libjpeg-turbo releases the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    encoded = [open(path, "rb").read() for path in source.files]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(WORKERS) as pool:
+        for part in pool.map(lambda k: [source.decode(data) for data in encoded[k::WORKERS]], range(WORKERS)):
+            assert len(part)
+    return time.perf_counter() - start
+
+
 def du(root: str) -> int:
     return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(root) for n in names)
 
@@ -143,8 +159,9 @@ def later_epoch(source, data: str, packs: str, with_pack: bool) -> float:
 
 
 def bench(name: str, source, data: str, packs: str, repeat: int) -> dict:
+    decodes = isinstance(source, sf.ImageFolder)  # packed as its files' bytes: reading it back decodes them
     firsts = {"files": [], "pack_to": []}
-    ready, later = [], {"files": [], "pack": [], "pack read": []}
+    ready, later = [], {"files": [], "pack": [], "pack read": [], **({"decode": []} if decodes else {})}
     for _ in range(repeat):  # in turns, so both sides of each ratio see the same load
         firsts["files"].append(first_epoch(source, data, packs, False)[0])
         seconds, until_ready = first_epoch(source, data, packs, True)
@@ -154,6 +171,8 @@ def bench(name: str, source, data: str, packs: str, repeat: int) -> dict:
         later["files"].append(later_epoch(source, data, packs, False))
         later["pack"].append(later_epoch(source, data, packs, True))
         later["pack read"].append(cold_read(packs))
+        if decodes:
+            later["decode"].append(decode_limit(source))
     med = {
         k: statistics.median(v)
         for k, v in {
@@ -171,11 +190,16 @@ def bench(name: str, source, data: str, packs: str, repeat: int) -> dict:
         "ready": statistics.median(ready),
         "first_ratio": med["first pack_to"] / med["first files"],
         "later_ratio": med["later files"] / med["later pack"],
-        "later_limit": med["later files"] / med["later pack read"],  # the speed-up if the pack cost only its reading
+        # the speed-up if the pack cost only its reading, or (images) its decoding, whichever is more
+        "limit": max(med["later pack read"], med.get("later decode", 0.0)),
     }
 
 
 # -- report -------------------------------------------------------------------------------------
+def seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
 def report(results: list[dict], loads: tuple, markdown: bool, repeat: int) -> str:
     lines = [
         f"{'**Run**: ' if markdown else ''}{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
@@ -188,7 +212,7 @@ def report(results: list[dict], loads: tuple, markdown: bool, repeat: int) -> st
     head = (
         "| data | first epoch, files | first epoch, pack_to | ratio (target <= 1.15) | pack ready after | "
         "later epoch, files | later epoch, pack | speed-up (target >= 2) | pack read cold (disk limit) | "
-        "speed-up at the disk limit | files / pack on disk |"
+        f"decode in {WORKERS} threads (CPU limit) | speed-up at the limit | files / pack on disk |"
     )
     lines += [head, "|---" * (head.count("|") - 1) + "|"]
     for r in results:
@@ -198,7 +222,8 @@ def report(results: list[dict], loads: tuple, markdown: bool, repeat: int) -> st
             f"{r['first_ratio']:.2f}x {'ok' if r['first_ratio'] <= FIRST_EPOCH_TARGET else 'MISSED'} | "
             f"{r['ready']:.2f} s | {m['later files']:.2f} s | {m['later pack']:.2f} s | "
             f"{r['later_ratio']:.2f}x {'ok' if r['later_ratio'] >= LATER_TARGET else 'MISSED'} | "
-            f"{m['later pack read']:.2f} s | {r['later_limit']:.2f}x | "
+            f"{m['later pack read']:.2f} s | {seconds(m.get('later decode'))} | "
+            f"{m['later files'] / r['limit']:.2f}x | "
             f"{r['data_bytes'] / 2**20:.0f} / {r['pack_bytes'] / 2**20:.0f} MB |"
         )
     lines += [

@@ -34,9 +34,15 @@ def measured(settle=2):
 
 
 def confirmed(handoff, cycle, settle=0):
-    """After a probe the consumer won: the workers, measured again at ``cycle``, lose again."""
+    """After a probe the consumer won: the workers, measured again at ``cycle``, lose again; it
+    still decides while their batches in flight arrive, and is done at its first batch."""
     assert handoff._phase == "confirm" and handoff.to_workers
     feed(handoff, settle + H.PROBE_BATCHES, cycle, cycle, 10 * US)
+    assert handoff.deciding and not handoff.to_workers
+    feed(handoff, 3, cycle, cycle, 10 * US)  # in flight
+    assert handoff.deciding
+    feed(handoff, 1, cycle, cycle, 10 * US, made_here=True)
+    assert not handoff.deciding
 
 
 # -- the state machine ----------------------------------------------------------------------

@@ -27,7 +27,8 @@ both ways and keeps the faster:
    that measure too. The first measure may have been taken while the data was cold (a page
    cache filling, the kernel's readahead of a pack under way), and a consumer probed after
    it then looks faster for the warmer data, not for making batches itself: on a cold pack
-   of JPEGs that kept two decoding threads' batches in one thread for a whole epoch;
+   of JPEGs that kept two decoding threads' batches in one thread for a whole epoch. It is
+   still deciding while the workers' batches in flight arrive, until the consumer makes one;
 4. the faster way is kept for at least ``RECHECK_BATCHES`` batches and
    ``RECHECK_SECONDS``, then measured again (the data, a cache or the machine's load
    may have changed). Both bounds keep the probes rare: a probe costs a few dozen
@@ -89,7 +90,7 @@ class MeasuredHandoff:
     @property
     def deciding(self) -> bool:
         """Measuring or probing: batches now may be made either way, at either speed."""
-        return self._phase in ("measure", "probe", "confirm")
+        return self._phase in ("measure", "probe", "confirm", "handover")
 
     def pin_to_workers(self) -> None:
         """A worker was lost: from now on every batch is made by a worker."""
@@ -113,6 +114,9 @@ class MeasuredHandoff:
         elif self._phase == "confirm":
             if not made_here:
                 self._confirm(cycle)
+        elif self._phase == "handover":  # the workers' batches in flight arrive first
+            if made_here:
+                self._keep(to_workers=False)
         elif self._phase == "keep":
             self._kept_batches += 1
             self._kept_seconds += cycle
@@ -160,8 +164,12 @@ class MeasuredHandoff:
             self._settle -= 1
             return
         self._again.append(cycle)
-        if len(self._again) >= PROBE_BATCHES:
-            self._keep(to_workers=statistics.fmean(self._again) <= self._here_cycle)
+        if len(self._again) < PROBE_BATCHES:
+            return
+        if statistics.fmean(self._again) <= self._here_cycle:
+            self._keep(to_workers=True)
+        else:
+            self._phase, self.to_workers = "handover", False
 
     def _keep(self, to_workers: bool) -> None:
         self._phase, self.to_workers = "keep", to_workers

@@ -22,13 +22,16 @@ import io
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from ..errors import DataError
 from .base import file_fingerprint
 from .listing import RelativePaths, cached_listing, list_tree
+
+if TYPE_CHECKING:
+    from .packed_images import EncodedImages, PackedImages
 
 try:
     import simplejpeg
@@ -350,7 +353,7 @@ class ImageFolder(ImageReader):
         return (np.searchsorted(self._listing.group_starts, ids, side="right") - 1).astype(np.int64)
 
     # -- what pack_to stores (autopack.py): the files' bytes, decoded when read back ----------
-    def encoded(self):
+    def encoded(self) -> EncodedImages:
         """This folder as ``Loader(pack_to=...)`` packs it: sample ``i`` is ``{"x": the bytes of
         file i, "y": its label}`` (``EncodedImages``), so a pack holds the files as they are
         (a JPEG's few KB, not its decoded pixels) and reading it back decodes as this folder does."""
@@ -358,7 +361,7 @@ class ImageFolder(ImageReader):
 
         return EncodedImages(self)
 
-    def from_encoded(self, records):
+    def from_encoded(self, records: Any) -> PackedImages:
         """This folder's samples read from ``records`` (a TFRecordSource of ``encoded()``'s
         samples): ``PackedImages``, equal to ``self[i]`` bit for bit."""
         from .packed_images import PackedImages

@@ -15,7 +15,7 @@ What is guaranteed:
 * the first ``warmup`` batches (worker start-up included) are left out of throughput,
   stage times, queue fill and CPU, and so are the batches after them while the loader
   still decides who makes batches (``Loader.handoff == "deciding"``: it measures workers
-  against the consumer making them, ~70 batches), up to ``WARMUP_WHILE_DECIDING`` more and
+  against the consumer making them, and the workers again when the consumer wins: ~70-110 batches), up to ``WARMUP_WHILE_DECIDING`` more and
   never more than half of what is left (``Measurement.warmup_batches`` says how many);
   ``warmup=0`` measures everything. The latency of the first batch, start-up included,
   is reported on its own (``first_batch_seconds``);
@@ -354,7 +354,7 @@ def measure(
 def _drive(variant, m: Measurement, *, epochs, max_batches, warmup, consumer_ms, on_batch) -> None:
     start = _mark(variant) if warmup == 0 else None
     # After `warmup` batches the window opens once the loader has decided who makes batches
-    # (its first decision measures both ways, ~70 batches), but at the latest where half of
+    # (its first decision measures both ways, ~70-110 batches), but at the latest where half of
     # what is left remains to be measured.
     latest = warmup + min(WARMUP_WHILE_DECIDING, max(0, epochs * len(variant) - warmup) // 2)
     taken, step_seconds = 0, 0.0
