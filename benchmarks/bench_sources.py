@@ -69,10 +69,12 @@ import json
 import math
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -788,6 +790,20 @@ def keep_files(files: tuple) -> None:
     _PART_FILES = files
 
 
+def limit_worker(files: tuple) -> None:
+    """A limit process's start: its files, and a thread that ends it once its parent is gone
+    (a pool worker blocks on a queue it also holds the writing end of, so it would not notice)."""
+    keep_files(files)
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def run_part(work: Callable, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
     return work(_PART_FILES, lo, hi)
 
@@ -868,7 +884,7 @@ def limit_epochs(ds: Dataset, path: str, n: int, processes: int) -> Iterator[Epo
                 ProcessPoolExecutor(
                     processes,
                     mp_context=multiprocessing.get_context("spawn"),
-                    initializer=keep_files,
+                    initializer=limit_worker,
                     initargs=(files,),
                 )
             )
@@ -1346,4 +1362,7 @@ def run_in_child(key: str, args, data_dir: str) -> list[tuple[str, bool | None]]
 
 
 if __name__ == "__main__":
+    # a SIGTERM unwinds like an exception: subprocess.run kills the dataset's child run, and
+    # the pools shut down (their processes also end by themselves once their parent is gone)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     main()
