@@ -12,11 +12,10 @@ middle of an epoch, and could not say in ``stats()`` what an epoch read). What i
   (``steadyfeed.pack``: every sample in id order, as the source returns it, before any
   transform) at the lowest priority, while the epoch is served from the files. The child
   (``pack_process.py``) takes none of the training process's GIL and ends with its loader;
-  a source that cannot be pickled to it is packed by a thread instead (``stats()["pack"]
-  ["packer"]`` says which, and why). A
-  source with ``encoded()`` and ``from_encoded(records)`` is packed in the form it gives
-  instead: an ImageFolder packs its files' bytes, not their pixels
-  (``sources/packed_images.py``), and its pack is read back through the same decoder;
+  a source that cannot be pickled to it is packed by a thread instead
+  (``stats()["pack"]["packer"]`` says which, and why). A source with ``encoded()`` and
+  ``from_encoded(records)`` is packed in the form it gives: an ImageFolder packs its files'
+  bytes, not their pixels (``sources/packed_images.py``), read back through the same decoder;
 * the pack appears whole or not at all: it is built in a hidden staging directory
   (``files.staging_directory``) holding the pack and ``source.json`` (the identity it was
   made from) and published by one rename, so a crash, a ``close()`` or a failing sample leave
