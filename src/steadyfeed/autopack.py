@@ -173,9 +173,6 @@ class AutoPack:
             self._thread.start()
 
     def _build(self, source: Any) -> None:
-        from .execution.workers import lower_priority
-
-        lower_priority(NICENESS)
         self.root.mkdir(parents=True, exist_ok=True)
         staging = Path(staging_directory(self.directory))
         try:
@@ -195,6 +192,7 @@ class AutoPack:
         """Pack ``stored`` into ``out`` in a child process (``pack_process.py``: a thread here
         would hold the GIL the training loop and the workers need), or in this thread when
         the source cannot go to one."""
+        from .execution.workers import lower_priority
         from .packing import pack
 
         try:
@@ -210,6 +208,7 @@ class AutoPack:
         finally:
             with self._lock:
                 self._child = None
+        lower_priority(NICENESS)
         pack(_Reading(stored, self._stop), out, progress=False)
 
     def _publish(self, staging: Path) -> None:

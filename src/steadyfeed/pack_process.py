@@ -11,8 +11,9 @@ Guarantees:
   ``multiprocessing`` child: it never re-imports the training script, so a script without
   ``if __name__ == "__main__":`` is not run twice;
 * it gets the source pickled through its stdin (our own bytes, from this process), imports
-  from the parent's ``sys.path`` (as ``PYTHONPATH``), runs at ``niceness`` below the parent, and answers one JSON line on
-  its stdout. Its stdin stays open as a lifeline: the child exits as soon as it closes, when
+  from the parent's ``sys.path`` (as ``PYTHONPATH``), packs at ``niceness`` below the parent
+  (it starts at the parent's priority, so its imports are not starved on a busy machine),
+  and answers one JSON line on its stdout. Its stdin stays open as a lifeline: the child exits as soon as it closes, when
   the parent is cancelled (``Packing.cancel``), exits or is killed. So no packer outlives
   its loader;
 * what cannot run there says so instead of failing the pack: a source that does not pickle,
@@ -147,9 +148,11 @@ def main() -> None:
     except Exception as exc:  # a class defined in the parent's __main__, say
         _answer(stdout, not_portable=f"the source does not unpickle in a child process ({type(exc).__name__}: {exc})")
         return
-    os.nice(max(0, min(19, int(niceness))))
     from .packing import pack
 
+    # lowered only now: started at the parent's priority, the child's imports (about 0.4 s of
+    # CPU, once) are not starved on a busy machine, and the packing itself takes idle cycles only
+    os.nice(max(0, min(19, int(niceness))))
     try:
         pack(source, Path(out), progress=False)
     except BaseException as exc:
