@@ -309,3 +309,25 @@ class HeldInPacker:
 
     def fingerprint(self):
         return "held:" + self.inner.fingerprint()
+
+
+class RefusedInPacker:
+    """A source that pickles here but cannot be unpickled in ``pack_to``'s child process (as a
+    class defined in a training script's ``__main__`` cannot): everywhere else it is ``inner``."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __setstate__(self, state):
+        if sys.argv[0].endswith("pack_process.py"):
+            raise AttributeError("RefusedInPacker is not importable here")
+        self.__dict__.update(state)
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        return self.inner[i]
+
+    def fingerprint(self):
+        return "refused:" + self.inner.fingerprint()

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import psutil
 import pytest
-from helpers import HeldInPacker, epoch_digest, noisy
+from helpers import HeldInPacker, RefusedInPacker, epoch_digest, noisy
 
 import steadyfeed as sf
 from steadyfeed import Loader
@@ -197,6 +197,13 @@ def test_a_source_that_does_not_pickle_is_packed_by_a_thread(tmp_path):
     with Loader(source, 8, pack_to=tmp_path / "packs") as loader:
         assert [r for r, _ in run_epochs(loader, 2)] == ["files", "pack"]
         assert loader.stats()["pack"]["packer"].startswith("thread: the source does not pickle")
+
+
+def test_a_source_the_child_cannot_unpickle_is_packed_by_a_thread(tmp_path, no_leaks):
+    source = RefusedInPacker(npy_pairs(tmp_path / "data", 20))
+    with Loader(source, 8, pack_to=tmp_path / "packs") as loader:
+        assert [r for r, _ in run_epochs(loader, 2)] == ["files", "pack"]
+        assert loader.stats()["pack"]["packer"].startswith("thread: the source does not unpickle in a child process")
 
 
 def test_a_sample_that_fails_to_read_abandons_the_pack_and_the_files_go_on(tmp_path, no_leaks):

@@ -531,6 +531,14 @@ def tf_copy(tf_written, tmp_path):
     return tmp_path
 
 
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_read_bytes_reads_the_encoded_images_tensorflow_wrote(tf_written, compression):
+    src = TFRecordSource(tf_written / f"train-{compression or 'NONE'}.tfrecord")
+    ids = [TF_RECORDS - 1, 0, 3, 3]
+    assert src.read_bytes(ids, "image/encoded") == [png_bytes(i) for i in ids]
+    src.close()
+
+
 def decode_to_xy(sample: dict, rng) -> dict:  # module level: process workers import it
     from steadyfeed import decode_image
 
