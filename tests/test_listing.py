@@ -50,6 +50,19 @@ def test_the_order_is_that_of_sorting_full_paths(tmp_path):
     assert [listing.relative(i) for i in range(len(listing))] == expected
 
 
+@pytest.mark.parametrize("root_suffix", ["", os.sep])
+def test_a_batch_of_paths_equals_the_paths_one_by_one(tmp_path, root_suffix):
+    for name in TRICKY:
+        touch(tmp_path / name)
+    listing = list_tree(str(tmp_path) + root_suffix)
+    ids = np.random.default_rng(0).integers(0, len(listing), 50)
+    assert listing.paths(ids) == [listing.path(i) for i in ids.tolist()]
+    assert listing.paths(np.arange(len(listing))) == [
+        os.path.join(str(tmp_path), listing.relative(i)) for i in range(len(listing))
+    ]
+    assert all(os.path.isfile(p) for p in listing.paths(ids)) and listing.paths(np.array([], np.int64)) == []
+
+
 def test_a_folder_linked_twice_is_listed_once(tmp_path):
     touch(tmp_path / "real" / "x")
     os.symlink(tmp_path / "real", tmp_path / "alias")

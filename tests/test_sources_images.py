@@ -235,6 +235,21 @@ def test_max_pixels_and_max_bytes_are_enforced(tmp_path, name):
     assert ImageFolder(root, max_pixels=10_000)[0]["x"].shape == (100, 100, 3)
 
 
+def test_a_file_read_in_short_pieces_is_read_whole(tmp_path, monkeypatch):
+    """A read may return fewer bytes than asked (FUSE, NFS, a signal): the rest is read, and
+    the image is the one a whole read gives."""
+    root = one_image_folder(tmp_path, "a.jpg", gradient(64, 48))
+    whole = ImageFolder(root)[0]["x"]
+    read, calls = os.read, []
+
+    def short_read(fd, n):
+        calls.append(n)
+        return read(fd, min(n, 100))
+
+    monkeypatch.setattr(images.os, "read", short_read)
+    assert np.array_equal(ImageFolder(root)[0]["x"], whole) and len(calls) > 5
+
+
 @pytest.mark.parametrize("workers,mode", MODES)
 def test_truncated_jpeg_raises_sample_error_naming_the_file_or_is_quarantined(tmp_path, workers, mode, no_leaks):
     noise = np.random.default_rng(0).integers(0, 256, (9, 32, 32, 3), dtype=np.uint8)

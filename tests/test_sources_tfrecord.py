@@ -163,6 +163,49 @@ def test_read_bytes_gives_one_bytes_feature_in_the_order_of_ids(foreign):
     src.close()
 
 
+def test_read_bytes_answers_as_indexing_does_for_records_a_pack_never_holds(tmp_path):
+    """Only a record holding exactly one bytes value is read straight; every other one (no
+    such feature, an empty one, two values, another kind, not an Example, the damaged tail
+    of a file) gets the default or the error that ``src[i]`` gives."""
+    records = [
+        example(jpeg=("bytes_list", [b"\xff\xd8one"])),
+        example(other=("int64_list", [1])),  # no "jpeg"
+        example(jpeg=("bytes_list", [])),  # an empty feature
+        example(jpeg=("bytes_list", [b"a", b"b"])),  # two values
+        example(jpeg=("int64_list", [7])),  # another kind
+        b"\x0a\x03not protobuf",  # not an Example
+        example(jpeg=("bytes_list", [b""])),  # one empty value: still one value
+    ]
+    path = write_file(tmp_path / "messy.tfrecord", records)
+    with open(path, "ab") as f:
+        f.write(b"\x07" * 5)  # a cut record: the file's damaged tail is one more sample
+    defaults = {"jpeg": b"default"}
+    for kwargs in ({}, {"defaults": defaults}):
+        src = TFRecordSource(path, features={"jpeg": "bytes"}, **kwargs)
+        assert len(src) == len(records) + 1
+        for i in range(len(src)):
+            try:
+                expected = src[i]["jpeg"]
+            except DataError as exc:
+                with pytest.raises(DataError) as info:
+                    src.read_bytes([0, i], "jpeg")
+                assert str(info.value) == str(exc)
+            else:
+                assert src.read_bytes([i, 0], "jpeg") == [expected, b"\xff\xd8one"]
+        assert src.read_bytes([6, 0], "jpeg") == [b"", b"\xff\xd8one"]
+        with pytest.raises(IndexError, match="sample id 8 out of range"):
+            src.read_bytes([0, 8], "jpeg")
+        with pytest.raises(IndexError, match="sample id -1 out of range"):
+            src.read_bytes([-1], "jpeg")
+        src.close()
+    # the default is for a record without the feature, not for one holding none or two values
+    src = TFRecordSource(path, features={"jpeg": "bytes"}, defaults=defaults)
+    assert src.read_bytes([1, 0], "jpeg") == [b"default", b"\xff\xd8one"]
+    with pytest.raises(DataError, match="record 3 at byte .*found bytes_list with 2 value"):
+        src.read_bytes([3], "jpeg")
+    src.close()
+
+
 def test_a_subset_of_keys_can_be_read_and_specs_are_parsed(foreign):
     src = TFRecordSource(str(foreign / "a.tfrecord"), features={"y": "int64"})
     assert list(src[3]) == ["y"]

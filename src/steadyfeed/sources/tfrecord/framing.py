@@ -53,6 +53,7 @@ INDEX_VERSION = 3  # of the index rows' layout; part of the cache stamp
 
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
+_HEADER = struct.Struct("<QI")  # the length and its masked CRC
 HEADER_BYTES = 12  # length + its CRC
 FRAMING_BYTES = 16  # header + data CRC
 _MASK_DELTA = 0xA282EAD8
@@ -117,24 +118,34 @@ def read_record(fd: int, path: str, number: int, offset: int, length: int) -> by
     the stream in messages.
     """
     buf = os.pread(fd, FRAMING_BYTES + length, offset)
-    where = functools.partial(record_name, number, offset, path)  # formatted only for an error
+    data = buf[HEADER_BYTES : HEADER_BYTES + length]
+    # the good record's checks in one expression (every batch reads through here); the one that
+    # failed is found, and named, only for a bad record
+    if (
+        len(buf) == FRAMING_BYTES + length
+        and _HEADER.unpack_from(buf) == (length, masked_crc(buf[:8]))
+        and _CRC.unpack_from(buf, HEADER_BYTES + length)[0] == masked_crc(data)
+    ):
+        return data
+    raise _record_error(buf, data, record_name(number, offset, path), length)
+
+
+def _record_error(buf: bytes, data: bytes, where: str, length: int) -> DataError:
+    """What is wrong with the record read as ``buf`` (its data ``data``, indexed with ``length`` bytes)."""
     if len(buf) != FRAMING_BYTES + length:
-        raise DataError(
-            f"{where()} is truncated: expected {FRAMING_BYTES + length} bytes, the file has "
+        return DataError(
+            f"{where} is truncated: expected {FRAMING_BYTES + length} bytes, the file has "
             f"{len(buf)} there (did the file change after it was indexed?)"
         )
     if _CRC.unpack_from(buf, 8)[0] != masked_crc(buf[:8]):
-        raise DataError(f"CRC mismatch in the length of {where()}")
+        return DataError(f"CRC mismatch in the length of {where}")
     declared = _LENGTH.unpack_from(buf)[0]
     if declared != length:
-        raise DataError(
-            f"{where()} declares {declared} data bytes but its index says {length} "
+        return DataError(
+            f"{where} declares {declared} data bytes but its index says {length} "
             f"(did the file change after it was indexed?)"
         )
-    data = buf[HEADER_BYTES : HEADER_BYTES + length]
-    if _CRC.unpack_from(buf, HEADER_BYTES + length)[0] != masked_crc(data):
-        raise DataError(f"CRC mismatch in data of {where()}")
-    return data
+    return DataError(f"CRC mismatch in data of {where}")
 
 
 def record_name(number: int, offset: int, path: str) -> str:

@@ -15,7 +15,15 @@ import numpy as np
 
 from ...errors import DataError
 from ..base import LazyHandles, file_fingerprint
-from .example import FeatureSpec, RecordLayout, decode_example, example_classes, infer_features, parse_features
+from .example import (
+    FeatureSpec,
+    RecordLayout,
+    decode_example,
+    example_classes,
+    infer_features,
+    parse_example,
+    parse_features,
+)
 from .framing import (
     INDEX_SUFFIX,
     RAW_SUFFIX,
@@ -111,6 +119,7 @@ class TFRecordSource:
         if counts is not None:
             _check_counts(self._files, counts)
         self._ends = np.cumsum([len(f.rows) + f.damaged for f in self._files], dtype=np.int64).tolist()
+        self._starts = np.concatenate([[0], self._ends[:-1]]).astype(np.int64)  # each file's first sample id
         self._handles = LazyHandles(_open_readonly, os.close)
         self.inferred_notes: list[str] = []  # what inference left out, and why
         if features is not None:
@@ -159,6 +168,15 @@ class TFRecordSource:
             raise IndexError(f"sample id {i} out of range for TFRecordSource of length {len(self)}")
         f = bisect.bisect_right(self._ends, i)
         return f, i - (self._ends[f - 1] if f else 0)
+
+    def _records(self, ids: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(file numbers, record numbers in those files) of sample ids ``ids``, as ``_record`` for many."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        bad = ids[(ids < 0) | (ids >= len(self))]
+        if bad.size:
+            raise IndexError(f"sample id {bad[0]} out of range for TFRecordSource of length {len(self)}")
+        files = np.searchsorted(self._ends, ids, side="right")
+        return files, ids - self._starts[files]
 
     def _data(self, f: int, r: int) -> bytes:
         """The data of record ``r`` of file ``f``, CRCs checked; the damage's error past the last good record."""
@@ -218,16 +236,31 @@ class TFRecordSource:
         spec = self.specs.get(key)
         if spec is None or spec.dtype != "bytes":
             raise ValueError(f"feature {key!r} is not a bytes feature of {self!r}")
-        ids = [int(i) for i in ids]
-        where = [self._record(i) for i in ids]
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        files, records = self._records(ids)
         values: list = [None] * len(ids)
-        for f, run in itertools.groupby(sorted(range(len(ids)), key=ids.__getitem__), key=lambda k: where[k][0]):
+        # sorted by id is sorted by file, then by offset
+        for f, run in itertools.groupby(np.argsort(ids, kind="stable").tolist(), files.item):
             index = self._files[f]
             with self._handles.use(index.data_path) as fd:
                 for k in run:
-                    r = where[k][1]
-                    values[k] = self._decode(_read(fd, index, r), f, r, {key: spec})[key]
+                    r = records.item(k)
+                    values[k] = self._bytes_value(_read(fd, index, r), f, r, key)
         return values
+
+    def _bytes_value(self, data: bytes, f: int, r: int, key: str) -> bytes:
+        """The one value of bytes feature ``key`` in record ``data``, as ``_decode`` gives it:
+        taken straight from the parsed record when it holds exactly one (the case of every
+        record of a pack), else ``_decode``'s default or its error."""
+        try:
+            feature_map = parse_example(data).features.feature
+        except DataError:
+            feature_map = {}
+        if key in feature_map:
+            values = feature_map[key].bytes_list.value  # empty for a feature of another kind
+            if len(values) == 1:
+                return values[0]
+        return self._decode(data, f, r, {key: self.specs[key]})[key]
 
     def read_many(self, ids: Sequence[int] | np.ndarray) -> list[dict]:
         """The samples of ``ids`` (in that order), read in file and offset order."""
