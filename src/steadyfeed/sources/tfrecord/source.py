@@ -169,9 +169,8 @@ class TFRecordSource:
         f = bisect.bisect_right(self._ends, i)
         return f, i - (self._ends[f - 1] if f else 0)
 
-    def _records(self, ids: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(file numbers, record numbers in those files) of sample ids ``ids``, as ``_record`` for many."""
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    def _records(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(file numbers, record numbers in those files) of the int64 sample ids ``ids``, as ``_record`` for many."""
         bad = ids[(ids < 0) | (ids >= len(self))]
         if bad.size:
             raise IndexError(f"sample id {bad[0]} out of range for TFRecordSource of length {len(self)}")
