@@ -15,7 +15,8 @@ Four datasets, generated once into a temporary directory (or into / from ``--dat
          fast=True (libjpeg-turbo's fast integer DCT, which is tf.io.decode_jpeg's default),
          and through MemoryCache (its filling epoch and the cached ones); tf.data decodes with
          decode_jpeg's default (the fast DCT) and with dct_method="INTEGER_ACCURATE";
-         limits: the files read and decoded with the fast DCT by 2 processes, and by 1.
+         limits: the files read and decoded with the fast DCT by 2 processes, by 1, and
+         by a loop on 2 threads of one process (what threads can reach with no loader).
          A quality line reports the PSNR of both DCTs against the pixels the generator drew
          and checks each is tf.io.decode_jpeg's, pixel for pixel
 
@@ -864,11 +865,13 @@ def limit_files(ds: Dataset, path: str) -> tuple:
 
 
 @contextmanager
-def limit_epochs(ds: Dataset, path: str, n: int, processes: int) -> Iterator[EpochFn]:
-    """The limit proxy of ``ds`` in ``processes`` processes (1: in this one, no pool); an
-    epoch's time is the wall time until every part is done."""
+def limit_epochs(ds: Dataset, path: str, n: int, processes: int, threads: bool = False) -> Iterator[EpochFn]:
+    """The limit proxy of ``ds`` in ``processes`` processes (1: in this one, no pool), or with
+    ``threads`` in that many threads of this process (what a Python loop on as many threads
+    can reach: the decoder releases the GIL, the loop's own Python does not); an epoch's time
+    is the wall time until every part is done."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
     files = limit_files(ds, path)
     work = read_npy_part if ds.key == "npy" else decode_jpeg_part
@@ -876,9 +879,11 @@ def limit_epochs(ds: Dataset, path: str, n: int, processes: int) -> Iterator[Epo
     parts = list(zip(bounds[:-1], bounds[1:]))
     with ExitStack() as stack:
         pool = None
-        if processes == 1:
+        if processes == 1 or threads:
             keep_files(files)
             stack.callback(keep_files, ())
+            if threads:
+                pool = stack.enter_context(ThreadPoolExecutor(processes))
         else:
             pool = stack.enter_context(
                 ProcessPoolExecutor(
@@ -937,6 +942,12 @@ NPY_LIMIT = ("limit", "raw read by 2 processes", limit_epochs, dict(processes=2)
 JPEG_LIMITS = (
     ("limit", "2-core decode limit (2 processes: read + fast decode)", limit_epochs, dict(processes=2)),
     ("limit", "1-core decode limit (1 process: read + fast decode)", limit_epochs, dict(processes=1)),
+    (
+        "limit",
+        "2-thread decode loop (2 threads of 1 process: read + fast decode)",
+        limit_epochs,
+        dict(processes=2, threads=True),
+    ),
 )
 HDF5_WIDE = ("steadyfeed", "thread w4", steadyfeed_epochs, dict(workers=4, mode="thread"))  # more threads than cores
 HDF5_REFERENCES = (  # the noise floor, and workers that keep every batch (no batch made in the consumer)
@@ -1157,6 +1168,7 @@ def jpeg_targets(r: dict[str, Result], ours: list[Result]) -> list[tuple[str, bo
     fast = max((x for x in ours if x.setting.endswith(" fast")), key=lambda x: x.rate)
     limit = r["limit 2-core decode limit (2 processes: read + fast decode)"]
     one_core = r["limit 1-core decode limit (1 process: read + fast decode)"]
+    two_threads = r["limit 2-thread decode loop (2 threads of 1 process: read + fast decode)"]
     tf_fast = r["tf.data decode_jpeg default (fast DCT), map AUTOTUNE + prefetch"]
     tf_accurate = r["tf.data decode_jpeg INTEGER_ACCURATE, map AUTOTUNE + prefetch"]
     accurate, accurate_fast = r["steadyfeed thread w2"], r["steadyfeed thread w2 fast"]
@@ -1177,6 +1189,12 @@ def jpeg_targets(r: dict[str, Result], ours: list[Result]) -> list[tuple[str, bo
             None,
         ),
         (f"jpeg: 2-core decode limit / 1-core: {limit.rate / one_core.rate:.2f}x (reported)", None),
+        (
+            f"jpeg: steadyfeed best fast ({fast.setting}) / 2-thread decode loop: "
+            f"{fast.rate / two_threads.rate:.2f}x; the loop / 2-core decode limit: "
+            f"{two_threads.rate / limit.rate:.2f}x (reported: a plain loop's per-image Python holds the GIL)",
+            None,
+        ),
     ]
     for label in ("thread w2", "w0"):  # the target is set on thread workers; w0 is reported
         plain, cached = r[f"steadyfeed {label}"], r[f"steadyfeed MemoryCache {label}, epoch 2+ (cached)"]
