@@ -534,6 +534,65 @@ def test_cli_skip_reports_what_it_left_out_and_usage_errors_exit_2(tmp_path, cap
         assert capsys.readouterr().err.startswith("steadyfeed pack: error: ")
 
 
+def test_cli_encoded_packs_an_image_folder_as_its_files_bytes_which_tf_data_decodes(tmp_path, capsys, no_leaks):
+    """``--encoded``: record i holds file i's bytes and label (JPEGs and a PNG, from Pillow), a
+    pack the size of the files; steadyfeed's decode and TensorFlow's give the folder's pixels."""
+    pytest.importorskip("PIL")
+    from images_made import scene
+
+    from steadyfeed import ImageFolder, decode_image
+
+    root = tmp_path / "photos"
+    for c in ("cat", "dog"):
+        (root / c).mkdir(parents=True)
+        for j in range(3):
+            scene(j + 3 * (c == "dog")).save(root / c / f"{j}.jpg", quality=85)
+    scene(9).save(root / "dog" / "3.png")
+    folder = ImageFolder(root)
+    out = tmp_path / "packed"
+    assert main(["pack", "--images", str(root), str(out), "--encoded", "--workers", "2", "--no-progress"]) == 0
+    assert capsys.readouterr().out.startswith(f"packed 7 samples into 1 shard(s) in {out}")
+    records = TFRecordSource(out)
+    files = [open(p, "rb").read() for p in folder.files]
+    assert [records[i]["x"] for i in range(7)] == files
+    assert [int(records[i]["y"]) for i in range(7)] == folder.labels.tolist() == [0, 0, 0, 1, 1, 1, 1]
+    for i in range(7):
+        np.testing.assert_array_equal(decode_image(records[i]["x"]), folder[i]["x"])
+    records.close()
+    assert sum(os.path.getsize(out / f) for f in os.listdir(out)) < 2 * sum(map(len, files))  # not pixels
+    tf = pytest.importorskip("tensorflow")
+    spec = {k: tf.io.FixedLenFeature([], tf.string) for k in ("x", "y")}  # y: its int64's raw bytes
+    shards = sorted(str(out / f) for f in os.listdir(out) if f.endswith(".tfrecord"))
+    for i, record in enumerate(tf.data.TFRecordDataset(shards).take(3)):  # the JPEGs
+        parsed = tf.io.parse_single_example(record, spec)
+        pixels = tf.io.decode_jpeg(parsed["x"], channels=3, dct_method="INTEGER_ACCURATE").numpy()
+        np.testing.assert_array_equal(pixels, folder[i]["x"])
+        assert tf.io.decode_raw(parsed["y"], tf.int64).numpy().tolist() == [0]
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--npy", "{npy}"], "has no encoded form"),
+        (["--images", "{images}", "--image-size", "8", "8"], "--image-size and --channels apply when"),
+        (["--images", "{images}", "--channels", "1"], "--image-size and --channels apply when"),
+    ],
+)
+def test_cli_encoded_refuses_what_it_cannot_honour_with_exit_code_2(tmp_path, capsys, argv, message):
+    pytest.importorskip("PIL")
+    from images_made import scene
+
+    (tmp_path / "images" / "a").mkdir(parents=True)
+    scene(0).save(tmp_path / "images" / "a" / "0.jpg")
+    np.save(tmp_path / "x.npy", np.zeros((3, 2), np.float32))
+    paths = {"npy": tmp_path / "x.npy", "images": tmp_path / "images"}
+    argv = [a.format(**paths) for a in argv]
+    assert main(["pack", *argv, str(tmp_path / "out"), "--encoded", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("steadyfeed pack: error: ") and message in err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("command", ["demo", "pack", "bench", "audit", "inspect", "report"])
 def test_every_commands_help_documents_its_exit_codes(command, capsys):
     with pytest.raises(SystemExit) as exc:
