@@ -303,6 +303,49 @@ def test_shards_go_to_the_kernels_readahead_only_when_they_fit_in_memory(tmp_pat
     assert not autopack.prefetch(shards)
 
 
+def test_the_readahead_advice_runs_beside_the_epoch_and_ends_with_the_loader(tmp_path, monkeypatch, no_leaks):
+    """Advising a pack's windows takes seconds for a large one: it runs in a thread of its own,
+    so an epoch from the pack is read while the advice is still being given (here: held back
+    until the loader closes), and closing the loader ends it."""
+    from steadyfeed import autopack
+
+    source = npy_pairs(tmp_path / "data", 20)
+    with Loader(source, 8, pack_to=tmp_path / "packs") as loader:
+        run_epochs(loader, 1)
+        assert loader.wait_for_pack(60)
+    began, ended = threading.Event(), threading.Event()
+
+    def advice_held_back(paths, stop):
+        began.set()
+        assert stop.wait(60)  # set by close()
+        ended.set()
+
+    monkeypatch.setattr(autopack, "prefetch", advice_held_back)
+    loader = Loader(source, 8, pack_to=tmp_path / "packs", with_ids=True)
+    ids = np.concatenate([b["id"] for b in loader.epoch(1)])  # while the advice is held back
+    assert loader.reading == "pack" and sorted(ids.tolist()) == list(range(20))
+    assert began.is_set() and not ended.is_set()
+    loader.close()
+    assert ended.is_set()  # close() waited for it
+
+
+def test_the_advice_stops_at_the_next_window_once_asked_to(tmp_path, monkeypatch):
+    from steadyfeed import autopack
+
+    shard = tmp_path / "shard.tfrecord"
+    shard.write_bytes(bytes(10 * autopack.PREFETCH_CHUNK))
+    stop, windows = threading.Event(), []
+
+    def advise(fd, offset, length, advice):
+        windows.append(offset)
+        if len(windows) == 3:
+            stop.set()
+
+    monkeypatch.setattr(os, "posix_fadvise", advise)
+    assert autopack.prefetch([shard], stop)
+    assert windows == [0, autopack.PREFETCH_CHUNK, 2 * autopack.PREFETCH_CHUNK]
+
+
 def resident_fraction(path) -> float:
     """The share of ``path``'s pages in the page cache (``mincore`` on a private mapping)."""
     import ctypes
