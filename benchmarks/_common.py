@@ -14,7 +14,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,6 +87,30 @@ def time_interleaved(epoch_fns: list[EpochFn], epochs: int) -> list[tuple[bool, 
             t0 = time.perf_counter()
             covered[k] &= epoch(e)
             seconds[k].append(time.perf_counter() - t0)
+    return [(c, w, statistics.median(s)) for c, w, s in zip(covered, warm, seconds)]
+
+
+def time_in_rounds(
+    openers: list[Callable[[], AbstractContextManager[EpochFn]]], epochs: int, rounds: int = 3
+) -> list[tuple[bool, float, float]]:
+    """Loaders that must not be open at once, each opened ``rounds`` times: every round opens,
+    warms up (epoch 0), times ``epochs // rounds`` epochs of and closes each loader in turn, so
+    the drift of a shared machine weighs on all of them, as in ``time_interleaved``, though
+    only one is open at a time. Returns, per loader: (every epoch covered, the first warm-up's
+    seconds, the median of its timed epochs over all rounds)."""
+    per_round = max(1, epochs // rounds)
+    covered, warm = [True] * len(openers), [0.0] * len(openers)
+    seconds: list[list[float]] = [[] for _ in openers]
+    for r in range(rounds):
+        for k, opener in enumerate(openers):
+            with opener() as epoch:
+                t0 = time.perf_counter()
+                covered[k] &= epoch(0)
+                warm[k] = warm[k] or time.perf_counter() - t0
+                for e in range(1 + r * per_round, 1 + (r + 1) * per_round):  # new epochs each round
+                    t0 = time.perf_counter()
+                    covered[k] &= epoch(e)
+                    seconds[k].append(time.perf_counter() - t0)
     return [(c, w, statistics.median(s)) for c, w, s in zip(covered, warm, seconds)]
 
 

@@ -37,9 +37,11 @@ Batch 32; each dataset runs in a fresh process (see ``run_in_child``). For npy a
 every loader is built first, then each runs a warm-up epoch (starts workers, fills the page cache: the data is read from memory, so this
 measures the CPU cost of reading, not the disk), then rounds follow, each timing one epoch
 of every loader in turn (``--epochs K`` rounds, median reported): interleaving spreads the
-load of a shared machine evenly over the loaders. HDF5 runs one loader at a time (warm-up,
-then 3 x K timed epochs, median; its epochs last tens of milliseconds), because HDF5 shares
-per-file state among all the open handles of a process (see ``run_all``). Shuffled
+load of a shared machine evenly over the loaders. HDF5 runs one loader at a time, because
+HDF5 shares per-file state among all the open handles of a process (see ``run_all``), in
+three rounds so that drift weighs on all alike: each round builds, warms up, times K epochs
+of and closes each loader in turn (3 x K timed epochs in all, median; its epochs last tens
+of milliseconds). Shuffled
 settings draw a new order every epoch; the others read in file order. MemoryCache rows:
 the warm-up epoch fills the cache and is reported as "epoch 1 (fills)"; the timed rounds
 are served from it.
@@ -93,6 +95,7 @@ from _common import (
     photo_like,
     run_line,
     table,
+    time_in_rounds,
     time_interleaved,
 )
 
@@ -1040,20 +1043,20 @@ def settings(key: str) -> list[tuple]:
 def run_all(key: str, ds: Dataset, path: str, n: int, epochs: int) -> list[Result]:
     """Every setting of one dataset. Interleaved (see _common.time_interleaved): all loaders
     are built, each runs a warm-up epoch, then every round times one epoch of each. HDF5 runs
-    one loader at a time instead (built, warmed up, timed, closed before the next is built):
-    HDF5 shares one open file, and each dataset's chunk cache, among all the handles of a
-    process, so loaders open at once would run under whichever cache setting opened first
-    (measured: Hdf5Source's shuffled reads and the bulk read 4-10x slower)."""
+    one loader at a time instead, in three rounds (``_common.time_in_rounds``: in each, every
+    loader is built, warmed up, timed for a third of its epochs and closed before the next is
+    built): HDF5 shares one open file, and each dataset's chunk cache, among all the handles
+    of a process, so loaders open at once would run under whichever cache setting opened
+    first (measured: Hdf5Source's shuffled reads and the bulk read 4-10x slower)."""
     chosen = settings(key)
     if ds.interleave:
         with ExitStack() as stack:
             fns = [stack.enter_context(runner(ds, path, n, **kwargs)) for _, _, runner, kwargs in chosen]
             timings = time_interleaved(fns, epochs)
     else:
-        timings = []
-        for _, _, runner, kwargs in chosen:
-            with runner(ds, path, n, **kwargs) as fn:
-                timings += time_interleaved([fn], epochs)
+        timings = time_in_rounds(
+            [functools.partial(runner, ds, path, n, **kwargs) for _, _, runner, kwargs in chosen], epochs
+        )
     results = []
     for (family, label, _, kwargs), (covered, warm, seconds) in zip(chosen, timings):
         # peers are what users write; the h5py references and the limit proxies are marks, not peers

@@ -114,6 +114,18 @@ def test_batches_one_thread_might_keep_up_with_are_probed(cpu, why):
     assert not h.to_workers and h._phase == "probe", why
 
 
+def test_cheap_batches_are_probed_whatever_cpu_their_workers_spent():
+    """Rows read by 4 threads: 300 us of a worker's CPU per batch (page faults of fresh memory
+    included) against a 100 us cycle. The probe costs a few batches of this size, and the
+    consumer may well spend less on them than a worker did: it is probed, and wins here."""
+    h = H.MeasuredHandoff(settle=0, workers=4)
+    feed(h, H.PROBE_BATCHES, 100 * US, 95 * US, 600 * US, cpu=300 * US)
+    assert not h.to_workers and h._phase == "probe"
+    feed(h, 1 + H.PROBE_BATCHES, 60 * US, 60 * US, 50 * US, made_here=True, cpu=50 * US)
+    confirmed(h, 100 * US)
+    assert not h.to_workers and h._phase == "keep"
+
+
 def test_a_batch_slow_for_waiting_not_for_cpu_is_probed():
     """Workers waiting on the GIL (or the disk) take long over each batch but spend little CPU
     on it: the consumer, with no one to wait for, may well be faster, so it is probed."""
