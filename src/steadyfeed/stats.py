@@ -63,8 +63,8 @@ class LoaderStats:
                     entry[key] += int(count)
 
     def add_stages(self, timings: dict) -> None:
-        for stage in STAGES:  # not "cpu", which overlaps the stages
-            self.stage_seconds[stage] += timings.get(stage, 0.0)
+        for stage, seconds in timings.items():
+            self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + seconds
 
     def as_dict(self) -> dict:
         return {

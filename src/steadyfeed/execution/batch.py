@@ -299,19 +299,13 @@ def run_batch(
     should_stop: Callable[[], bool] = lambda: False,
 ) -> BatchResult:
     spec = task.spec
-    cpu0 = time.thread_time()  # what making the batch costs a core, whatever the thread waited for
     status.begin(task.task_id, Stage.READING_BATCH)
     reader = _Reader(task, ctx)
     if reader.columns is not None and not _clashes(reader.columns, ctx.collate):
         status.begin(task.task_id, Stage.COLLATING)
         t0 = time.perf_counter()
         arrays: dict[str, np.ndarray] | None = collate_columns(reader.columns, task, allocate, ctx.collate)
-        timings = {
-            "read": reader.read_seconds,
-            "transform": 0.0,
-            "collate": time.perf_counter() - t0,
-            "cpu": time.thread_time() - cpu0,
-        }
+        timings = {"read": reader.read_seconds, "transform": 0.0, "collate": time.perf_counter() - t0}
         status.idle()
         return BatchResult(task.task_id, spec.index, arrays, (), timings)
     samples: dict[int, dict] = {}
@@ -337,7 +331,6 @@ def run_batch(
         "read": reader.read_seconds,
         "transform": reader.transform_seconds,
         "collate": time.perf_counter() - t0,
-        "cpu": time.thread_time() - cpu0,
     }
     status.idle()
     failures.sort(key=lambda f: f.position)

@@ -16,20 +16,7 @@ both ways and keeps the faster:
 2. when the consumer spends less than a ``GATE_RATIO``-th of a batch's making time, per
    worker, inside the loader, the workers hide that work and nothing is probed (per
    worker: N workers at once each take longer over a batch when they contend, for the
-   GIL or the memory bus, so the time a batch took a worker overstates what it hides).
-   Nor is anything probed when a batch takes a worker's thread more CPU time than
-   ``CPU_GATE_RATIO`` times the mean cycle, and at least ``CPU_GATE_SECONDS``: the
-   consumer would need about that CPU time for each batch it made, and its probe would
-   only run into the abort below, having made a few batches at its slower pace (on a
-   157-batch epoch of JPEGs decoded by two threads, a probe that ran its course cost a
-   tenth of the epoch). Waiting (for the GIL, a lock, the disk) is no CPU time, so a
-   batch slow only because its worker waited is still probed. The margin over
-   ``ABORT_RATIO`` allows for the CPU that contending workers spend on one another
-   (caches, switches) and a lone consumer would not. Cheaper batches are always probed:
-   their probe costs little, and a worker's CPU time overstates what the consumer would
-   spend on them (a process worker copies its batch into shared memory; a worker
-   thread's fresh batch memory may cost page faults that the consumer's reused memory
-   does not), by a share that matters only when the batch is cheap. Otherwise no
+   GIL or the memory bus, so the time a batch took a worker overstates what it hides). Otherwise no
    new task goes to the workers; the ones in flight arrive, and the consumer then
    makes ``PROBE_BATCHES`` batches itself (the first, a transition, not counted),
    stopping early once the median of its cycles (``ABORT_AFTER`` at least; a median,
@@ -70,8 +57,6 @@ RECHECK_SECONDS = 10.0
 ABORT_RATIO = 1.25
 ABORT_AFTER = 4
 GATE_RATIO = 4.0
-CPU_GATE_RATIO = 1.5
-CPU_GATE_SECONDS = 1e-3
 WORK_STAGES = ("read", "transform", "collate")  # making a batch; "transport" is the hand-off
 
 
@@ -122,8 +107,7 @@ class MeasuredHandoff:
         """One batch handed out: ``cycle`` seconds since the previous one, ``in_loader`` of them
         inside the loader; ``timings``, its stage times (``run_batch``), by whoever made it."""
         if self._phase == "measure":
-            work = sum(timings.get(stage, 0.0) for stage in WORK_STAGES)
-            self._measure(cycle, in_loader, work, timings.get("cpu", 0.0))
+            self._measure(cycle, in_loader, sum(timings.get(stage, 0.0) for stage in WORK_STAGES))
         elif self._phase == "probe":
             if made_here:  # batches still in flight from the workers do not count
                 self._probe(cycle)
@@ -142,21 +126,19 @@ class MeasuredHandoff:
     def _start_measuring(self) -> None:
         self._phase, self.to_workers = "measure", True
         self._settle = self.settle
-        self._pooled: list[tuple[float, float, float, float]] = []
+        self._pooled: list[tuple[float, float, float]] = []
 
-    def _measure(self, cycle: float, in_loader: float, work: float, cpu: float) -> None:
+    def _measure(self, cycle: float, in_loader: float, work: float) -> None:
         if self._settle > 0:
             self._settle -= 1
             return
-        self._pooled.append((cycle, in_loader, work, cpu))
+        self._pooled.append((cycle, in_loader, work))
         if len(self._pooled) < PROBE_BATCHES:
             return
-        cycles, in_loaders, works, cpus = zip(*self._pooled)
+        cycles, in_loaders, works = zip(*self._pooled)
         self._pooled_cycle = statistics.fmean(cycles)
         if statistics.fmean(in_loaders) * GATE_RATIO < statistics.fmean(works) / self.workers:
             self._keep(to_workers=True)  # the workers hide the work: making it here would add it
-        elif statistics.fmean(cpus) > max(CPU_GATE_RATIO * self._pooled_cycle, CPU_GATE_SECONDS):
-            self._keep(to_workers=True)  # one thread cannot keep up: the probe would abort
         else:
             self._phase, self.to_workers = "probe", False
             self._here: list[float] | None = None  # cycles of batches made here, once steady

@@ -104,7 +104,6 @@ class BatchResult:
     batch_index: int
     arrays: dict[str, np.ndarray] | None  # None: no rows (every sample failed, or a disagreement), or not received yet
     failures: tuple[SampleFailure, ...]
-    # seconds per stage (``stats.STAGES``), and "cpu": the CPU time of the thread that made it
     timings: Mapping[str, float]
     disagreement: Disagreement | None = None  # set: the batch cannot be collated (arrays is None)
 
