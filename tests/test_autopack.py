@@ -322,10 +322,12 @@ def test_the_readahead_advice_runs_beside_the_epoch_and_ends_with_the_loader(tmp
 
     monkeypatch.setattr(autopack, "prefetch", advice_held_back)
     loader = Loader(source, 8, pack_to=tmp_path / "packs", with_ids=True)
-    ids = np.concatenate([b["id"] for b in loader.epoch(1)])  # while the advice is held back
-    assert loader.reading == "pack" and sorted(ids.tolist()) == list(range(20))
-    assert began.is_set() and not ended.is_set()
-    loader.close()
+    try:
+        ids = np.concatenate([b["id"] for b in loader.epoch(1)])  # while the advice is held back
+        assert loader.reading == "pack" and sorted(ids.tolist()) == list(range(20))
+        assert began.is_set() and not ended.is_set()
+    finally:
+        loader.close()
     assert ended.is_set()  # close() waited for it
 
 
