@@ -158,8 +158,7 @@ class AutoPack:
         packed in its encoded form ``source.from_encoded(records)``. The shards are handed to
         the kernel's readahead when they fit in half the free memory (``prefetch``), by a
         thread of their own: the advice takes tens of microseconds a window (a 34 MB pack, 10
-        ms; a 10 GB one, seconds), which the first batch need not wait for, and the workers'
-        first reads then go to the disk before most of the readahead, not behind all of it."""
+        ms; a 10 GB one, seconds), which the first batch need not wait for."""
         from .sources.tfrecord import TFRecordSource
 
         records = TFRecordSource(self.directory / PACK_NAME)
