@@ -3,7 +3,9 @@ epoch and what it gains in later ones, on data generated under a temporary direc
 after):
 
   npy    20,000 ``.npy`` pairs (32 x 32 x 3 float32 inputs, 12 KB a file; ``NpyPairs``)
-  jpeg   5,000 JPEGs 128 x 128 (quality 90, about 8 KB) in two class folders (``ImageFolder``)
+  jpeg   5,000 JPEGs 128 x 128 (quality 90, about 8 KB) in two class folders (``ImageFolder``),
+         packed as the files' bytes (the default), then with a share of the images held
+         decoded too (``pack_decoded``: half, and all, unless ``--decoded`` says otherwise)
 
 For each dataset, in one run and in turns (``--repeat`` rounds; the median is shown):
 
@@ -16,14 +18,14 @@ For each dataset, in one run and in turns (``--repeat`` rounds; the median is sh
   ``pack_to``) and from the pack (a loader whose pack exists). Target: the pack >= 2x faster.
   Beside it, the limit proxies: every byte of the pack read from a cold cache, with no loader,
   and for images (packed as their files' bytes, so reading them back decodes them) every
-  image decoded from memory in as many threads as the loader has; the speed-up an epoch from
-  the pack would have if it cost only the larger of the two.
+  image the pack does not hold decoded, decoded from memory in as many threads as the loader
+  has; the speed-up an epoch from the pack would have if it cost only the larger of the two.
 
 Every epoch is checked to deliver every id once. Loader: batch 32, 2 worker threads, no
 transform. Not a timed test: the machine is shared, so both sides of each ratio are measured
 in the same run, alternating, and the load average is printed with the results.
 
-    .venv/bin/python benchmarks/bench_pack_to.py [--repeat 3] [--only npy|jpeg] [--markdown]
+    .venv/bin/python benchmarks/bench_pack_to.py [--repeat 3] [--only npy|jpeg] [--decoded 0.5,1] [--markdown]
 """
 
 from __future__ import annotations
@@ -103,17 +105,22 @@ def cold_read(root: str) -> float:
     return time.perf_counter() - start
 
 
-def decode_limit(source) -> float:
-    """Seconds for WORKERS threads to decode every image of ``source`` (an ImageFolder) from
-    bytes already in memory, with no loader: the CPU's limit for an epoch from a pack of the
-    files' bytes, which must decode them all (libjpeg-turbo releases the GIL)."""
+def decode_limit(source, decoded: float) -> float:
+    """Seconds for WORKERS threads to decode, from bytes already in memory and with no loader,
+    every image of ``source`` (an ImageFolder) that a pack holding ``decoded`` of them decoded
+    must decode: the CPU's limit for an epoch from that pack (libjpeg-turbo releases the GIL)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    encoded = [open(path, "rb").read() for path in source.files]
+    from steadyfeed.sources.decoded_pixels import stores_decoded
+
+    paths = [path for i, path in enumerate(source.files) if not stores_decoded(i, decoded)]
+    encoded = [open(path, "rb").read() for path in paths]
     start = time.perf_counter()
     with ThreadPoolExecutor(WORKERS) as pool:
-        for part in pool.map(lambda k: [source.decode(data) for data in encoded[k::WORKERS]], range(WORKERS)):
-            assert len(part)
+        decoded_count = sum(
+            len(part) for part in pool.map(lambda k: [source.decode(d) for d in encoded[k::WORKERS]], range(WORKERS))
+        )
+    assert decoded_count == len(paths)
     return time.perf_counter() - start
 
 
@@ -131,15 +138,24 @@ def timed_epoch(loader: sf.Loader, epoch: int, n: int) -> float:
     return seconds
 
 
-def make(source, pack_to=None) -> sf.Loader:
-    return sf.Loader(source, BATCH, shuffle=True, seed=SEED, with_ids=True, workers=WORKERS, pack_to=pack_to)
+def make(source, pack_to=None, decoded: float = 0.0) -> sf.Loader:
+    return sf.Loader(
+        source,
+        BATCH,
+        shuffle=True,
+        seed=SEED,
+        with_ids=True,
+        workers=WORKERS,
+        pack_to=pack_to,
+        pack_decoded=decoded if pack_to else 0.0,
+    )
 
 
-def first_epoch(source, data: str, packs: str, with_pack: bool) -> tuple[float, float | None]:
+def first_epoch(source, data: str, packs: str, with_pack: bool, decoded: float) -> tuple[float, float | None]:
     """Epoch 0 from a cold cache; with ``pack_to``: also the seconds until the pack was ready."""
     shutil.rmtree(packs, ignore_errors=True)
     drop_cache(data)
-    with make(source, packs if with_pack else None) as loader:
+    with make(source, packs if with_pack else None, decoded) as loader:
         start = time.perf_counter()
         seconds = timed_epoch(loader, 0, len(source))
         if not with_pack:
@@ -149,30 +165,30 @@ def first_epoch(source, data: str, packs: str, with_pack: bool) -> tuple[float, 
         return seconds, time.perf_counter() - start
 
 
-def later_epoch(source, data: str, packs: str, with_pack: bool) -> float:
+def later_epoch(source, data: str, packs: str, with_pack: bool, decoded: float) -> float:
     """A later epoch (1) from a cold cache: from the files, or from the pack built before."""
     drop_cache(data, packs)
-    with make(source, packs if with_pack else None) as loader:
+    with make(source, packs if with_pack else None, decoded) as loader:
         seconds = timed_epoch(loader, 1, len(source))
         assert loader.reading == ("pack" if with_pack else "files"), loader.reading
         return seconds
 
 
-def bench(name: str, source, data: str, packs: str, repeat: int) -> dict:
+def bench(name: str, source, data: str, packs: str, repeat: int, decoded: float = 0.0) -> dict:
     decodes = isinstance(source, sf.ImageFolder)  # packed as its files' bytes: reading it back decodes them
     firsts = {"files": [], "pack_to": []}
     ready, later = [], {"files": [], "pack": [], "pack read": [], **({"decode": []} if decodes else {})}
     for _ in range(repeat):  # in turns, so both sides of each ratio see the same load
-        firsts["files"].append(first_epoch(source, data, packs, False)[0])
-        seconds, until_ready = first_epoch(source, data, packs, True)
+        firsts["files"].append(first_epoch(source, data, packs, False, decoded)[0])
+        seconds, until_ready = first_epoch(source, data, packs, True, decoded)
         firsts["pack_to"].append(seconds)
         ready.append(until_ready)
     for _ in range(repeat):  # the last first-epoch run left a pack behind
-        later["files"].append(later_epoch(source, data, packs, False))
-        later["pack"].append(later_epoch(source, data, packs, True))
+        later["files"].append(later_epoch(source, data, packs, False, decoded))
+        later["pack"].append(later_epoch(source, data, packs, True, decoded))
         later["pack read"].append(cold_read(packs))
         if decodes:
-            later["decode"].append(decode_limit(source))
+            later["decode"].append(decode_limit(source, decoded))
     med = {
         k: statistics.median(v)
         for k, v in {
@@ -241,6 +257,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3, help="rounds, taken in turns (default 3)")
     parser.add_argument("--only", choices=("npy", "jpeg"), help="one dataset")
+    parser.add_argument(
+        "--decoded",
+        default="0.5,1",
+        help="the JPEGs' other packs: their pack_decoded shares, comma-separated (default 0.5,1; '' for none)",
+    )
     parser.add_argument("--markdown", action="store_true", help="a table for docs/benchmarks.md")
     parser.add_argument("--tmp", default=None, help="where the data is generated (default: the temp directory)")
     args = parser.parse_args(argv)
@@ -255,6 +276,9 @@ def main(argv=None) -> int:
             print(f"generating {count:,} {name} samples under {data} ...", file=sys.stderr, flush=True)
             source = generate(data, count)
             results.append(bench(name, source, data, packs, args.repeat))
+            for share in [float(v) for v in args.decoded.split(",") if v] if name == "jpeg" else []:
+                shutil.rmtree(packs, ignore_errors=True)
+                results.append(bench(f"jpeg, {share:g} decoded", source, data, packs, args.repeat, share))
             shutil.rmtree(data, ignore_errors=True)
             shutil.rmtree(packs, ignore_errors=True)
     finally:

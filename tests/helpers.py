@@ -289,20 +289,34 @@ def _slow_start(inner, marker_dir: str, maker: int) -> SlowToStart:
     return SlowToStart(inner, marker_dir)
 
 
+def in_packer() -> bool:
+    """Whether this is ``pack_to``'s child process (``steadyfeed.pack_process`` run as ``__main__``)."""
+    return sys.argv[0].endswith("pack_process.py")
+
+
 class HeldInPacker:
     """A source whose sample ``at``, when ``pack_to``'s child process reads it, says so (a file
-    ``reached`` in ``marks``) and then waits for a file ``go`` there; any other reader, the
-    loader included, reads it at once. Module-level, so it pickles into that child."""
+    ``reached`` in ``marks``, holding the process's nice value) and then waits for a file
+    ``go`` there; any other reader, the loader included, reads it at once. Unpickled in that
+    child, it writes the nice value it finds to ``unpickled``. Module-level, so it pickles
+    into that child."""
 
     def __init__(self, inner, at: int, marks: str):
         self.inner, self.at, self.marks = inner, at, marks
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if in_packer():
+            with open(os.path.join(self.marks, "unpickled"), "w") as f:
+                f.write(str(os.nice(0)))
 
     def __len__(self):
         return len(self.inner)
 
     def __getitem__(self, i):
-        if i == self.at and sys.argv[0].endswith("pack_process.py"):  # python -m steadyfeed.pack_process
-            open(os.path.join(self.marks, "reached"), "w").close()
+        if i == self.at and in_packer():
+            with open(os.path.join(self.marks, "reached"), "w") as f:
+                f.write(str(os.nice(0)))
             while not os.path.exists(os.path.join(self.marks, "go")):
                 time.sleep(0.01)
         return self.inner[i]
@@ -319,7 +333,7 @@ class RefusedInPacker:
         self.inner = inner
 
     def __setstate__(self, state):
-        if sys.argv[0].endswith("pack_process.py"):
+        if in_packer():
             raise AttributeError("RefusedInPacker is not importable here")
         self.__dict__.update(state)
 

@@ -16,7 +16,9 @@ from helpers import HeldInPacker, RefusedInPacker, epoch_digest, noisy
 
 import steadyfeed as sf
 from steadyfeed import Loader
+from steadyfeed.autopack import NICENESS
 from steadyfeed.integration.callbacks import epoch_figures
+from steadyfeed.pack_process import START_NICENESS
 
 pytest.importorskip("google_crc32c")
 
@@ -156,6 +158,10 @@ def test_the_pack_is_built_in_a_child_process_and_close_ends_it(tmp_path, no_lea
     list(loader.epoch(0))
     wait_for(marks / "reached")  # the child stands inside sample 30, in its own process
     assert loader.stats()["pack"]["state"] == "building" and loader.stats()["pack"]["packer"] == "process"
+    # its imports (and the source's unpickling) ran below the workers' priority, its packing runs at the lowest
+    parent = os.nice(0)
+    assert int((marks / "unpickled").read_text()) == min(19, parent + START_NICENESS)
+    assert int((marks / "reached").read_text()) == min(19, parent + NICENESS)
     loader.close()  # ends the child: no_leaks finds no process left
     assert packs(tmp_path / "packs") == [] and not list(tmp_path.glob(".*partial*"))
     assert loader.stats()["pack"]["state"] == "absent" and "error" not in loader.stats()["pack"]
@@ -178,7 +184,7 @@ def test_the_packer_process_ends_when_its_loaders_process_is_killed(tmp_path):
     try:
         wait_for(marks / "reached")  # the packer stands inside sample 30
         (packer,) = psutil.Process(train.pid).children()
-        assert "steadyfeed.pack_process" in packer.cmdline()
+        assert any("steadyfeed.pack_process" in arg for arg in packer.cmdline())
         train.kill()  # no close(), no atexit: only the lifeline tells the child
         train.wait(60)
         packer.wait(120)  # psutil.TimeoutExpired (a failure) if the child outlived it
@@ -284,6 +290,152 @@ def test_a_corrupt_image_is_packed_and_named_by_its_file_when_read_from_the_pack
     with Loader(images, 4, pack_to=tmp_path / "packs") as strict:
         with pytest.raises(sf.SampleError, match="2.jpg"):
             list(strict.epoch(0))
+
+
+def mixed_photos(root, n=6):
+    """``photos`` plus a PNG and a grey JPEG in each class: Pillow's decoder and a conversion too."""
+    from images_made import scene
+
+    photos(root, n)
+    for c, seed in (("a", 50), ("b", 51)):
+        scene(seed).save(root / c / "p.png")
+        scene(seed + 2).convert("L").save(root / c / "g.jpg", quality=90)
+    return root
+
+
+def pack_dir(root):
+    (pack,) = root.glob("*/pack")
+    return pack
+
+
+def packed_folder(images, root):
+    from steadyfeed.sources.tfrecord import TFRecordSource
+
+    return images.from_encoded(TFRecordSource(pack_dir(root)))
+
+
+@pytest.mark.parametrize(
+    "workers,mode,decoded", [(0, "thread", 0.5), (2, "thread", 0.5), (2, "process", 0.5), (2, "thread", 1.0)]
+)
+def test_a_pack_holding_decoded_images_is_bit_identical_to_the_folder(tmp_path, workers, mode, decoded, no_leaks):
+    """pack_decoded: that share of the images, spread evenly over the ids, is held decoded
+    beside the shards; every epoch from the pack is the folder's, bit for bit, in batches and
+    one image at a time."""
+    from steadyfeed.sources.decoded_pixels import stores_decoded
+
+    kw = dict(shuffle=True, workers=workers, mode=mode, with_ids=True)
+    images = sf.ImageFolder(mixed_photos(tmp_path / "photos"), size=(48, 40), fast=True)
+    with Loader(images, 4, **kw) as plain:
+        reference = [epoch_digest(plain.epoch(e)) for e in range(3)]
+    with Loader(images, 4, pack_to=tmp_path / "packs", pack_decoded=decoded, **kw) as loader:
+        got = run_epochs(loader, 3)
+        assert loader.stats()["pack_batches"] == 2 * len(loader)
+    assert got == [("files", reference[0]), ("pack", reference[1]), ("pack", reference[2])]
+
+    packed = packed_folder(images, tmp_path / "packs")
+    held = packed.decoded.holds(np.arange(len(images))).tolist()
+    assert held == [stores_decoded(i, decoded) for i in range(len(images))]
+    assert sum(held) == int(len(images) * decoded)
+    for i in range(len(images)):
+        one = packed[i]["x"]
+        np.testing.assert_array_equal(one, images[i]["x"])
+        assert one.flags.writeable
+    packed.close()
+
+
+def test_a_pack_holding_decoded_images_has_the_shards_of_a_pack_of_bytes(tmp_path):
+    """The decoded share lies beside the shards, which are byte for byte those of a pack
+    without it: tools that read the pack (tf.data, tests above) read it as before."""
+    images = sf.ImageFolder(photos(tmp_path / "photos", 3))
+    shards = []
+    for decoded in (0.0, 0.5):
+        with Loader(images, 4, pack_to=tmp_path / f"packs{decoded}", pack_decoded=decoded) as loader:
+            list(loader.epoch(0))
+            assert loader.wait_for_pack(120), loader.stats()["pack"]
+        pack = pack_dir(tmp_path / f"packs{decoded}")
+        shards.append({p.name: p.read_bytes() for p in pack.glob("*.tfrecord")})
+    assert shards[0] == shards[1] and shards[0]
+    assert sorted(p.name for p in pack.iterdir() if "decoded" in p.name) == ["decoded.npy", "decoded.pixels"]
+
+
+def test_an_image_that_fails_to_decode_is_not_held_decoded_and_is_named_when_read(tmp_path, no_leaks):
+    root = photos(tmp_path / "photos", 6)
+    bad = root / "b" / "2.jpg"
+    bad.write_bytes(bad.read_bytes()[:300])  # a truncated JPEG
+    images = sf.ImageFolder(root)
+    kw = dict(pack_to=tmp_path / "packs", pack_decoded=1.0)
+    with Loader(images, 4, on_error="skip", max_error_fraction=0.5, **kw) as loader:
+        reads = [r for r, _ in run_epochs(loader, 2)]
+        report = loader.quarantine_report()
+    assert reads == ["files", "pack"]
+    assert sorted((e["sample_id"], e["epoch"]) for e in report) == [(8, 0), (8, 1)]
+    assert all(str(bad) in e["location"] and str(bad) in e["message"] for e in report), report
+    packed = packed_folder(images, tmp_path / "packs")
+    assert np.flatnonzero(~packed.decoded.holds(np.arange(len(images)))).tolist() == [8]
+    packed.close()
+    with Loader(images, 4, **kw) as strict:
+        with pytest.raises(sf.SampleError, match="2.jpg"):
+            list(strict.epoch(0))
+
+
+def test_damaged_decoded_images_are_refused_naming_the_file_and_the_image(tmp_path):
+    images = sf.ImageFolder(photos(tmp_path / "photos", 2), size=(48, 40))
+    with Loader(images, 4, pack_to=tmp_path / "packs", pack_decoded=1.0) as loader:
+        list(loader.epoch(0))
+        assert loader.wait_for_pack(120), loader.stats()["pack"]
+    pixels = pack_dir(tmp_path / "packs") / "decoded.pixels"
+    data = bytearray(pixels.read_bytes())
+    data[48 * 40 * 3 + 7] ^= 1  # in image 1
+    pixels.write_bytes(bytes(data))
+    packed = packed_folder(images, tmp_path / "packs")
+    with pytest.raises(sf.DataError, match=rf"{pixels}: the decoded pixels of image 1 .*CRC mismatch"):
+        packed[1]
+    with pytest.raises(sf.DataError, match="CRC mismatch"):
+        packed.read_batch([0, 1])
+    np.testing.assert_array_equal(packed.read_batch([3, 0])["x"], np.stack([images[3]["x"], images[0]["x"]]))
+    pixels.write_bytes(bytes(data[: 48 * 40 * 3 * 3 + 5]))  # image 3 cut short
+    with pytest.raises(sf.DataError, match="the decoded pixels of image 3 .*only 5 bytes there"):
+        packed.read_batch([3])
+    packed.close()
+    np.save(pixels.with_suffix(".npy"), np.zeros(3))
+    with pytest.raises(sf.DataError, match="decoded.npy describes"):
+        packed_folder(images, tmp_path / "packs")
+
+
+def test_the_decoded_share_is_part_of_the_packs_identity(tmp_path):
+    """Another share, or other refusal limits with pixels packed, is another pack; with none
+    decoded the identity is the one packs of bytes always had, so those packs stay valid."""
+    from steadyfeed.autopack import AutoPack
+
+    root = photos(tmp_path / "photos", 2)
+    images = sf.ImageFolder(root)
+    keys = {
+        "bytes": AutoPack(tmp_path, images).directory,
+        "half": AutoPack(tmp_path, images, 0.5).directory,
+        "all": AutoPack(tmp_path, images, 1.0).directory,
+        "half, other limit": AutoPack(tmp_path, sf.ImageFolder(root, max_pixels=10**6), 0.5).directory,
+        "bytes, other limit": AutoPack(tmp_path, sf.ImageFolder(root, max_pixels=10**6)).directory,
+    }
+    assert len(set(keys.values()) - {keys["bytes"]}) == 3 and keys["bytes, other limit"] == keys["bytes"]
+    assert AutoPack(tmp_path, images).identity["stored"] == "encoded"
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        (dict(pack_to="/tmp/never-made", pack_decoded=1.5), r"pack_decoded must be a share of the images in \[0, 1\]"),
+        (dict(pack_to="/tmp/never-made", pack_decoded=True), "pack_decoded must be a share"),
+        (dict(pack_decoded=0.5), "give pack_to=DIR too"),
+    ],
+)
+def test_pack_decoded_is_checked(options, message):
+    with pytest.raises(ValueError, match=message):
+        Loader(sf.ArraySource(x=np.zeros(3)), 2, **options)
+
+
+def test_pack_decoded_is_refused_for_a_source_packed_as_its_samples(tmp_path):
+    with pytest.raises(ValueError, match="pack_decoded=0.5 stores decoded images .* NpyPairs is packed as its samples"):
+        Loader(npy_pairs(tmp_path / "data", 4), 2, pack_to=tmp_path / "packs", pack_decoded=0.5)
 
 
 def test_a_source_without_a_fingerprint_is_refused():

@@ -15,7 +15,9 @@ middle of an epoch, and could not say in ``stats()`` what an epoch read). What i
   a source that cannot be pickled to it is packed by a thread instead
   (``stats()["pack"]["packer"]`` says which, and why). A source with ``encoded()`` and
   ``from_encoded(records)`` is packed in the form it gives: an ImageFolder packs its files'
-  bytes, not their pixels (``sources/packed_images.py``), read back through the same decoder;
+  bytes, not their pixels (``sources/packed_images.py``), read back through the same decoder,
+  and with ``pack_decoded`` a share of its images decoded too, beside the shards (what the
+  form's ``add_to_pack`` writes, ``sources/decoded_pixels.py``);
 * the pack appears whole or not at all: it is built in a hidden staging directory
   (``files.staging_directory``) holding the pack and ``source.json`` (the identity it was
   made from) and published by one rename, so a crash, a ``close()`` or a failing sample leave
@@ -35,7 +37,8 @@ middle of an epoch, and could not say in ``stats()`` what an epoch read). What i
 
 Costs: one more read of every sample during the first epoch (sequential, in id order, in
 a process below the training loop's priority) and disk space for the samples as arrays
-(for images, as much as the files). See ``docs/benchmarks.md`` (``bench_pack_to.py``).
+(for images, as much as the files, plus 48 KB for each 128 x 128 image held decoded). See
+``docs/benchmarks.md`` (``bench_pack_to.py``).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from typing import Any
 
 from .errors import DataError
 from .files import atomic_write, fsync_directory, staging_directory
-from .pack_process import Cancelled, NotPortable, PackFailed, Packing
+from .pack_process import Cancelled, NotPortable, PackFailed, Packing, add_to_pack
 from .sources.base import close_source, fingerprint, locate
 
 PACK_NAME, IDENTITY_NAME = "pack", "source.json"
@@ -98,7 +101,7 @@ def pack_key(identity: dict) -> str:
 class AutoPack:
     """The pack of one source under ``root``: found, built in the background, or failed."""
 
-    def __init__(self, root: str | os.PathLike, source: Any):
+    def __init__(self, root: str | os.PathLike, source: Any, decoded: float = 0.0):
         fp = fingerprint(source)
         if fp is None:
             raise ValueError(
@@ -110,12 +113,18 @@ class AutoPack:
         require_support()  # ImportError now, naming the extra, not in the background later
         kind = type(source)
         # a source that says how to store itself (ImageFolder: its files' bytes) is packed so;
-        # "stored" is in the identity, so a pack of the other form is never read as this one
+        # "stored" is in the identity, so a pack of another form is never read as this one
         self.encodes = callable(getattr(source, "encoded", None)) and callable(getattr(source, "from_encoded", None))
+        if decoded and not self.encodes:
+            raise ValueError(
+                f"pack_decoded={decoded} stores decoded images beside their bytes, for a source packed in its "
+                f"encoded form (ImageFolder); {kind.__name__} is packed as its samples already"
+            )
+        self.decoded = decoded
         self.identity = {
             "type": f"{kind.__module__}.{kind.__qualname__}",
             "fingerprint": fp,
-            **({"stored": "encoded"} if self.encodes else {}),
+            **({"stored": getattr(self._encoded(source), "stored", "encoded")} if self.encodes else {}),
         }
         self.root, self.num_samples = Path(root), len(source)
         self.directory = self.root / pack_key(self.identity)
@@ -164,9 +173,11 @@ class AutoPack:
         records = TFRecordSource(self.directory / PACK_NAME)
         if len(records) != self.num_samples:  # the identity file said otherwise: never trust it then
             raise DataError(f"{self.directory} holds {len(records)} records for {self.num_samples} samples")
-        shards = sorted((self.directory / PACK_NAME).glob("*.tfrecord"))
+        # the shards, and what a packed form keeps beside them (an image pack's decoded share),
+        # the smallest first: a batch needs some of each, and the small ones are read soonest
+        files = sorted((p for p in (self.directory / PACK_NAME).iterdir() if p.is_file()), key=_size_and_name)
         self._prefetcher = threading.Thread(
-            target=prefetch, args=(shards, self._stop), name="steadyfeed-prefetch", daemon=True
+            target=prefetch, args=(files, self._stop), name="steadyfeed-prefetch", daemon=True
         )
         self._prefetcher.start()
         return source.from_encoded(records) if self.encodes else records
@@ -180,11 +191,16 @@ class AutoPack:
             self._thread = threading.Thread(target=self._build, args=(source,), name="steadyfeed-pack_to", daemon=True)
             self._thread.start()
 
+    def _encoded(self, source: Any) -> Any:
+        """What a source that says how to store itself is packed as (``pack_decoded``: a share of
+        its images decoded too; a source's ``encoded()`` need not take that argument otherwise)."""
+        return source.encoded(self.decoded) if self.decoded else source.encoded()
+
     def _build(self, source: Any) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         staging = Path(staging_directory(self.directory))
         try:
-            self._pack(source.encoded() if self.encodes else source, staging / PACK_NAME)
+            self._pack(self._encoded(source) if self.encodes else source, staging / PACK_NAME)
             atomic_write(
                 staging / IDENTITY_NAME, json.dumps({"identity": self.identity, "samples": self.num_samples}).encode()
             )
@@ -218,6 +234,12 @@ class AutoPack:
                 self._child = None
         lower_priority(NICENESS)
         pack(_Reading(stored, self._stop), out, progress=False)
+        add_to_pack(stored, out, self._check)
+
+    def _check(self) -> None:
+        """Raise Cancelled once the loader is closed (the packer thread checks as it goes)."""
+        if self._stop.is_set():
+            raise Cancelled("the loader was closed")
 
     def _publish(self, staging: Path) -> None:
         """One rename makes the pack appear. A stale or half-gone one of the same key (only a
@@ -279,6 +301,10 @@ def prefetch(paths: list[Path], stop: threading.Event | None = None) -> bool:
         finally:
             os.close(fd)
     return True
+
+
+def _size_and_name(path: Path) -> tuple[int, str]:
+    return path.stat().st_size, path.name
 
 
 def available_memory() -> int:

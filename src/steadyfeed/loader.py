@@ -109,7 +109,8 @@ class Loader:
         self._remainder: tuple | None = None  # (epoch, levels): an epoch resumed from other shards (merge_states)
         self._source_identity: dict | None = None  # computed once, when a state is first saved or loaded
         pack_to = self.config.execution.pack_to
-        self._autopack = AutoPack(pack_to, source) if pack_to is not None else None
+        execution = self.config.execution
+        self._autopack = AutoPack(pack_to, source, execution.pack_decoded) if pack_to is not None else None
         self._reader = source  # what the workers read: the source, or its pack once one is ready (autopack.py)
         self._pool = None
         # what workers=None (not given) means: 0, or "auto" once as_keras() serves the loader

@@ -7,12 +7,12 @@ first epoch took 1.17x as long with a thread packing beside it, 0.90x with a pro
 
 Guarantees:
 
-* the child is a fresh interpreter (``python -m steadyfeed.pack_process``), not a
+* the child is a fresh interpreter (``steadyfeed.pack_process`` run as ``__main__``), not a
   ``multiprocessing`` child: it never re-imports the training script, so a script without
   ``if __name__ == "__main__":`` is not run twice;
 * it gets the source pickled through its stdin (our own bytes, from this process), imports
   from the parent's ``sys.path`` (as ``PYTHONPATH``), packs at ``niceness`` below the parent
-  (it starts at the parent's priority, so its imports are not starved on a busy machine),
+  (it imports at ``START_NICENESS``, between the workers' priority and that),
   and answers one JSON line on its stdout. Its stdin stays open as a lifeline: the child exits as soon as it closes, when
   the parent is cancelled (``Packing.cancel``), exits or is killed. So no packer outlives
   its loader;
@@ -31,10 +31,17 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 _LENGTH = struct.Struct("<Q")
+# The child's imports (about 0.3 s of CPU, once) run this far below the parent: below its
+# workers (worker_niceness, 5 by default), so they do not slow the first epoch they overlap,
+# yet not so far that they starve on a busy machine (at nice 19 they took 30 s under
+# stress-ng --cpu 2). The packing itself then runs at the niceness it is given.
+START_NICENESS = 10
+_START = f"import os, runpy, sys; os.nice(int(sys.argv[1])); runpy.run_module({__name__!r}, run_name='__main__', alter_sys=True)"
 JOIN_SECONDS = 10.0
 
 
@@ -62,7 +69,7 @@ class Packing:
         self._cancelled = threading.Event()
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", __name__],
+                [sys.executable, "-c", _START, str(START_NICENESS)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
@@ -119,6 +126,15 @@ class Packing:
             self._process.stdout.close()
 
 
+def add_to_pack(stored: Any, out: Path, check: Callable[[], None] = lambda: None) -> None:
+    """After ``pack``: what the packed form adds beside the shards, if it adds anything
+    (``stored.add_to_pack``: an image folder's decoded share, ``pack_decoded``); ``check()``
+    is called as it goes, and raises to stop it."""
+    add = getattr(stored, "add_to_pack", None)
+    if add is not None:
+        add(out, check)
+
+
 # -- the child ------------------------------------------------------------------------------------
 def _exit_when_orphaned(lifeline) -> None:
     """Block on stdin until it closes, then end the process, wherever the packing stands."""
@@ -150,11 +166,11 @@ def main() -> None:
         return
     from .packing import pack
 
-    # lowered only now: started at the parent's priority, the child's imports (about 0.4 s of
-    # CPU, once) are not starved on a busy machine, and the packing itself takes idle cycles only
-    os.nice(max(0, min(19, int(niceness))))
+    # lowered the rest of the way only now (START_NICENESS): the packing takes idle cycles only
+    os.nice(max(0, min(19, int(niceness)) - START_NICENESS))
     try:
         pack(source, Path(out), progress=False)
+        add_to_pack(source, Path(out))
     except BaseException as exc:
         _answer(stdout, error=f"{type(exc).__name__}: {exc}")
         return

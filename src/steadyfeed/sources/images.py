@@ -20,7 +20,7 @@ import functools
 import hashlib
 import io
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -353,13 +353,14 @@ class ImageFolder(ImageReader):
         return (np.searchsorted(self._listing.group_starts, ids, side="right") - 1).astype(np.int64)
 
     # -- what pack_to stores (autopack.py): the files' bytes, decoded when read back ----------
-    def encoded(self) -> EncodedImages:
+    def encoded(self, decoded: float = 0.0) -> EncodedImages:
         """This folder as ``Loader(pack_to=...)`` packs it: sample ``i`` is ``{"x": the bytes of
         file i, "y": its label}`` (``EncodedImages``), so a pack holds the files as they are
-        (a JPEG's few KB, not its decoded pixels) and reading it back decodes as this folder does."""
+        (a JPEG's few KB, not its decoded pixels) and reading it back decodes as this folder does.
+        ``decoded``: the share of the images whose pixels are packed too (``Loader(pack_decoded=...)``)."""
         from .packed_images import EncodedImages
 
-        return EncodedImages(self)
+        return EncodedImages(self, decoded)
 
     def from_encoded(self, records: Any) -> PackedImages:
         """This folder's samples read from ``records`` (a TFRecordSource of ``encoded()``'s
@@ -384,14 +385,18 @@ class ImageFolder(ImageReader):
         )
 
 
-def decode_batch(reader: ImageReader, encoded: Iterable[tuple[bytes, str]], n: int) -> np.ndarray:
+ReadInto = Callable[[np.ndarray | None], np.ndarray]  # an image that reads itself into the given row, if it fits
+
+
+def decode_batch(reader: ImageReader, encoded: Iterable[tuple[bytes | ReadInto, str]], n: int) -> np.ndarray:
     """``n`` encoded images (``(bytes, name)`` pairs) decoded by ``reader`` into one
     ``(n, h, w, channels)`` uint8 array, JPEGs of the output shape straight into their rows; the
-    first image sets the shape, and one of another shape raises DataError naming it."""
+    first image sets the shape, and one of another shape raises DataError naming it. An image
+    given as a function is read by it (``read(into)``, as ``decode``'s ``into``: a pack's pixels)."""
     x: np.ndarray | None = None
     for row, (data, name) in enumerate(encoded):
         slot = None if x is None else x[row]
-        image = reader.decode(data, name, into=slot)
+        image = data(slot) if callable(data) else reader.decode(data, name, into=slot)
         if x is None:
             x = np.empty((n, *image.shape), np.uint8)
             x[0] = image

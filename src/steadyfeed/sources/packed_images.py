@@ -13,26 +13,46 @@ is as small as the files, read in large sequential reads, and decoded as the fol
   DataError naming its original file; ``read_batch`` decodes into one array as
   ``ImageFolder.read_batch`` does.
 
+**Held decoded** (``EncodedImages(folder, decoded=share)``, ``Loader(pack_decoded=share)``):
+the pack also holds the decoded pixels of that share of the images, spread evenly over the
+ids, beside its shards (``decoded_pixels.py``: what it costs and gains), and ``PackedImages``
+reads those instead of decoding them. The shards are the same as without, so other tools
+read the pack as before.
+
 Both pickle as the folder's paths and settings, so process workers read them too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import DataError
 from .base import close_source
+from .decoded_pixels import DecodedPixels, write_decoded
 from .images import ImageFolder, _read, decode_batch
 
 
 class EncodedImages:
-    """``folder``'s samples as packed: each file's bytes (``"x"``) and label (``"y"``)."""
+    """``folder``'s samples as packed: each file's bytes (``"x"``) and label (``"y"``); with
+    ``decoded`` > 0, ``add_to_pack`` adds the pixels of that share of the images."""
 
-    def __init__(self, folder: ImageFolder):
-        self.folder = folder
+    def __init__(self, folder: ImageFolder, decoded: float = 0.0):
+        if not 0.0 <= decoded <= 1.0:
+            raise ValueError(f"decoded must be a share of the images in [0, 1], got {decoded!r}")
+        self.folder, self.decoded = folder, float(decoded)
+
+    @property
+    def stored(self) -> str:
+        """What the pack holds, for its identity: a pack of another form is never read as this one.
+        The refusal limits are in it when pixels are, since those were checked when packing."""
+        if not self.decoded:
+            return "encoded"
+        return f"encoded, {self.decoded!r} decoded (max_pixels={self.folder.max_pixels}, max_bytes={self.folder.max_bytes})"
 
     def __len__(self) -> int:
         return len(self.folder)
@@ -40,6 +60,18 @@ class EncodedImages:
     def __getitem__(self, i: int) -> dict:
         path = self.folder.locate(i)
         return {"x": _read(path, self.folder.max_bytes), "y": self.folder.labels_of(np.asarray([i]))[0]}
+
+    def add_to_pack(self, directory: Path, check: Callable[[], None]) -> None:
+        """After the shards: the ``decoded`` share of the images decoded beside them, if any;
+        ``check()`` raises to stop (``write_decoded``)."""
+        if self.decoded:
+            write_decoded(len(self), self.decoded, self._decoded, directory, check)
+
+    def _decoded(self, i: int) -> np.ndarray | None:
+        try:
+            return self.folder.load(self.folder.locate(i))
+        except DataError:  # held as bytes alone: reading it decodes them, and fails as the folder does
+            return None
 
     def locate(self, i: int) -> str:
         return self.folder.locate(i)
@@ -52,26 +84,46 @@ class PackedImages:
         if len(records) != len(folder):
             raise DataError(f"{records!r} holds {len(records)} records for the {len(folder)} images of {folder!r}")
         self.folder, self.records = folder, records
+        self.decoded = DecodedPixels.beside(records, len(folder))  # pack_decoded's share, if the pack holds one
 
     def __len__(self) -> int:
         return len(self.folder)
 
     def __getitem__(self, i: int) -> dict:
-        data = self.records[i]["x"]
-        return {"x": self.folder.decode(data, self.folder.locate(i)), "y": self.folder.labels_of(np.asarray([i]))[0]}
+        if self.decoded is not None and self.decoded.holds(np.asarray([i]))[0]:
+            x = self.decoded.read(i)
+        else:
+            x = self.folder.decode(self.records[i]["x"], self.folder.locate(i))
+        return {"x": x, "y": self.folder.labels_of(np.asarray([i]))[0]}
 
     def read_batch(self, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
-        """``{"x": (len(ids), h, w, channels) uint8, "y": int64}``, as ``ImageFolder.read_batch``."""
+        """``{"x": (len(ids), h, w, channels) uint8, "y": int64}``, as ``ImageFolder.read_batch``;
+        the images held decoded are read straight into their rows."""
         ids = self.folder.check_ids(ids)
+        if self.decoded is None:
+            return self._batch(ids, self.records.read_bytes(ids, "x"), None)
+        held = self.decoded.holds(ids)
+        with self.decoded.reading(ids[held]) as read:
+            return self._batch(ids, self.records.read_bytes(ids[~held], "x"), (held, read))
+
+    def _batch(self, ids: np.ndarray, encoded: list[bytes], decoded: tuple | None) -> dict[str, np.ndarray]:
+        """The batch of ``ids``: ``encoded`` the bytes of those not held decoded, in order, and
+        ``decoded`` (which are held, and their reader) for the others."""
+        held, read = decoded if decoded is not None else (np.zeros(len(ids), bool), None)
+        encoded_images = iter(encoded)
         # one name for all: an error here only sends the loader to self[i], which names the file
-        encoded = ((data, "a packed image") for data in self.records.read_bytes(ids, "x"))
-        return {"x": decode_batch(self.folder, encoded, len(ids)), "y": self.folder.labels_of(ids)}
+        images = (
+            (functools.partial(read, i) if h else next(encoded_images), "a packed image")
+            for i, h in zip(ids.tolist(), held.tolist())
+        )
+        return {"x": decode_batch(self.folder, images, len(ids)), "y": self.folder.labels_of(ids)}
 
     def locate(self, i: int) -> str:
         return f"{self.folder.locate(i)} (packed: {self.records.locate(i)})"
 
     def close(self) -> None:
         close_source(self.records)
+        close_source(self.decoded)
 
     def __repr__(self) -> str:
         return f"PackedImages({self.folder!r}, from {self.records!r})"

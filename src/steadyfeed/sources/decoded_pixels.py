@@ -1,0 +1,160 @@
+"""Decoded images kept beside a pack of encoded ones (``Loader(pack_decoded=share)``).
+
+Where decoding bounds an epoch (few cores, a fast disk), reading an image's pixels beats
+decoding its JPEG: one ``preadv`` straight into the image's row of the batch, the GIL
+released, no intermediate bytes (fresh memory costs page faults on every record), against
+tens of microseconds of libjpeg-turbo. The price is disk: 48 KB for a 128 x 128 RGB image
+held decoded, against its 7 KB JPEG. On this project's 2-core VM (``bench_pack_to.py``,
+``docs/benchmarks.md``) a later epoch from a cold page cache took 0.22 s with every image
+held decoded, 0.39 s from a pack of the JPEGs alone and 0.6-0.7 s from the files; with half
+held decoded it took as long as the JPEGs alone from a cold cache (the shuffled epoch waits
+for the disk's read of the pack, then decodes), and 0.7x as long from a warm one.
+
+Two files in the pack directory, beside its shards (which stay as they were, every image's
+bytes, so other tools read the pack as before):
+
+* ``decoded.pixels``: the pixels of the chosen images, one after the other, as
+  ``ImageFolder.decode`` gives them (uint8, C order);
+* ``decoded.npy``: one row per image id (a structured array, no pickle): ``offset`` in the
+  pixels file (-1: not held), ``shape`` (height, width, channels) and ``crc``, TFRecord's
+  masked CRC32C of the pixels, checked on every read as a record's is.
+
+Guarantees: the pixels read are those written, bit for bit, or :class:`DataError` names the
+file and the image (a CRC mismatch, a short read); an image that failed to decode when the
+pack was made is not held, so reading it decodes its bytes and fails, named, as the folder
+does. Pickles as its paths, so process workers open their own handle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import DataError
+from .base import LazyHandles
+from .tfrecord.framing import masked_crc
+
+PIXELS_NAME, INDEX_NAME = "decoded.pixels", "decoded.npy"
+INDEX_DTYPE = np.dtype([("offset", "<i8"), ("shape", "<u4", (3,)), ("crc", "<u4")])
+
+
+def stores_decoded(i: int, share: float) -> bool:
+    """Whether image ``i`` is among a ``share`` of the ids spread evenly (about ``share`` of
+    any run of ids, so of any shuffled batch, is held decoded)."""
+    return math.floor((i + 1) * share) > math.floor(i * share)
+
+
+def write_decoded(
+    count: int, share: float, decode: Callable[[int], np.ndarray | None], directory: Path, check: Callable[[], None]
+) -> None:
+    """Write the two files into ``directory`` for ``count`` images, ``share`` of them decoded by
+    ``decode(i)`` (None: not decodable, so not held), in id order; each file flushed to disk.
+    ``check()`` is called between images, and stops the writing by raising (a closed loader)."""
+    index = np.zeros(count, INDEX_DTYPE)
+    index["offset"] = -1
+    offset = 0
+    with open(directory / PIXELS_NAME, "wb") as out:
+        for i in range(count):
+            if not stores_decoded(i, share):
+                continue
+            check()
+            image = decode(i)
+            if image is None:
+                continue
+            image = np.ascontiguousarray(image, np.uint8)
+            out.write(image.data)
+            index[i] = (offset, image.shape, _crc(image))
+            offset += image.nbytes
+        out.flush()
+        os.fsync(out.fileno())
+    with open(directory / INDEX_NAME, "wb") as f:
+        np.save(f, index, allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _crc(image: np.ndarray) -> int:
+    # google-crc32c takes bytes only; a 48 KB copy costs less than zlib.crc32 reading the array in place
+    return masked_crc(image.tobytes())
+
+
+def _fits(into: np.ndarray | None, shape: tuple) -> bool:
+    """Whether pixels of ``shape`` can be read straight into ``into`` (a batch's row)."""
+    return into is not None and into.shape == shape and into.dtype == np.uint8 and into.flags.c_contiguous
+
+
+def _open_readonly(path: str) -> int:
+    return os.open(path, os.O_RDONLY)
+
+
+class DecodedPixels:
+    """The decoded images held in ``directory`` (written by :func:`write_decoded`)."""
+
+    def __init__(self, directory: str | os.PathLike[str], count: int):
+        self.directory = Path(directory)
+        self.index = np.load(self.directory / INDEX_NAME, allow_pickle=False)  # 24 bytes an image, in memory
+        if self.index.dtype != INDEX_DTYPE or self.index.shape != (count,):
+            raise DataError(
+                f"{self.directory / INDEX_NAME} describes {self.index.shape} images of {self.index.dtype}; "
+                f"expected ({count},) of {INDEX_DTYPE} (the pack of this very source)"
+            )
+        self.path = str(self.directory / PIXELS_NAME)
+        self._handles = LazyHandles(_open_readonly, os.close)
+
+    @classmethod
+    def beside(cls, records: Any, count: int) -> DecodedPixels | None:
+        """The decoded images held in the directory of a pack's shards, if it holds any."""
+        folders = {os.path.dirname(p) for p in getattr(records, "paths", ())}
+        if len(folders) != 1:
+            return None
+        directory = Path(folders.pop())
+        return cls(directory, count) if (directory / INDEX_NAME).exists() else None
+
+    def holds(self, ids: np.ndarray) -> np.ndarray:
+        """Per id, whether its pixels are held."""
+        return self.index["offset"][ids] >= 0
+
+    def read(self, i: int, into: np.ndarray | None = None) -> np.ndarray:
+        """Image ``i``'s pixels (held: see ``holds``) in a new array, or straight into ``into``
+        when it is a C-contiguous uint8 array of their shape (and then returned)."""
+        with self.reading(np.asarray([i])) as read:
+            return read(i, into)
+
+    @contextlib.contextmanager
+    def reading(self, ids: np.ndarray) -> Iterator[Callable[..., np.ndarray]]:
+        """``read(i, into=None)`` for the held images among ``ids`` (a batch), through one handle."""
+        rows = self.index[ids]
+        where = {
+            int(i): (int(row["offset"]), tuple(row["shape"].tolist()), int(row["crc"])) for i, row in zip(ids, rows)
+        }
+        with self._handles.use(self.path) as fd:
+
+            def read(i: int, into: np.ndarray | None = None) -> np.ndarray:
+                offset, shape, crc = where[i]
+                out = into if _fits(into, shape) else np.empty(shape, np.uint8)
+                assert out is not None
+                got = os.preadv(fd, [out.data], offset)
+                if got != out.nbytes or _crc(out) != crc:
+                    raise self._damaged(i, offset, out.nbytes, got)
+                return out
+
+            yield read
+
+    def _damaged(self, i: int, offset: int, size: int, got: int) -> DataError:
+        problem = f"only {got} bytes there" if got != size else "CRC mismatch"
+        return DataError(
+            f"{self.path}: the decoded pixels of image {i} ({size} bytes at {offset}): {problem}; "
+            f"the pack is damaged (remove it: pack_to builds it again)"
+        )
+
+    def close(self) -> None:
+        self._handles.close()
+
+    def __reduce__(self):  # its paths, not its index: a worker loads the index itself
+        return DecodedPixels, (self.directory, len(self.index))
