@@ -355,7 +355,11 @@ def test_a_pack_holding_decoded_images_has_the_shards_of_a_pack_of_bytes(tmp_pat
         pack = pack_dir(tmp_path / f"packs{decoded}")
         shards.append({p.name: p.read_bytes() for p in pack.glob("*.tfrecord")})
     assert shards[0] == shards[1] and shards[0]
-    assert sorted(p.name for p in pack.iterdir() if "decoded" in p.name) == ["decoded.npy", "decoded.pixels"]
+    assert sorted(p.name for p in pack.iterdir() if "decoded" in p.name) == [
+        "decoded.json",
+        "decoded.npy",
+        "decoded.pixels",
+    ]
 
 
 def test_an_image_that_fails_to_decode_is_not_held_decoded_and_is_named_when_read(tmp_path, no_leaks):
@@ -397,9 +401,52 @@ def test_damaged_decoded_images_are_refused_naming_the_file_and_the_image(tmp_pa
     with pytest.raises(sf.DataError, match="the decoded pixels of image 3 .*only 5 bytes there"):
         packed.read_batch([3])
     packed.close()
+    with pytest.raises(sf.DataError, match=r"decoded with \{'size': \[48, 40\], 'channels': 3, 'fast': False"):
+        packed_folder(sf.ImageFolder(images.root, size=(48, 40), fast=True), tmp_path / "packs")
     np.save(pixels.with_suffix(".npy"), np.zeros(3))
     with pytest.raises(sf.DataError, match="decoded.npy describes"):
         packed_folder(images, tmp_path / "packs")
+    about = pixels.with_suffix(".json")
+    about.write_text(about.read_text().replace("steadyfeed.decoded/1", "steadyfeed.decoded/9"))
+    with pytest.raises(sf.DataError, match="format 'steadyfeed.decoded/9', this steadyfeed reads"):
+        packed_folder(images, tmp_path / "packs")
+
+
+def test_a_packer_thread_writes_the_decoded_share_too(tmp_path, monkeypatch, no_leaks):
+    import steadyfeed.autopack as autopack
+
+    def no_child(*args, **kwargs):
+        raise autopack.NotPortable("no child in this test")
+
+    monkeypatch.setattr(autopack, "Packing", no_child)
+    images = sf.ImageFolder(photos(tmp_path / "photos", 3))
+    with Loader(images, 4, shuffle=True, pack_to=tmp_path / "packs", pack_decoded=1.0, with_ids=True) as loader:
+        digests = run_epochs(loader, 2)
+        assert loader.stats()["pack"]["packer"] == "thread: no child in this test"
+    with Loader(images, 4, shuffle=True, with_ids=True) as plain:
+        assert [d for _, d in digests] == [epoch_digest(plain.epoch(e)) for e in range(2)]
+    packed = packed_folder(images, tmp_path / "packs")
+    assert packed.decoded.holds(np.arange(len(images))).all()
+    packed.close()
+
+
+def test_pack_of_a_folder_holding_a_share_decoded_reads_back_bit_identically(tmp_path):
+    """The library's own pack() writes the decoded share too (inside its atomic directory),
+    and the folder's from_encoded reads it back."""
+    from steadyfeed.sources.tfrecord import TFRecordSource
+
+    images = sf.ImageFolder(mixed_photos(tmp_path / "photos", 3), channels=1)
+    out = sf.pack(images.encoded(decoded=0.5), tmp_path / "packed", progress=False)
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("decoded")) == [
+        "decoded.json",
+        "decoded.npy",
+        "decoded.pixels",
+    ]
+    packed = images.from_encoded(TFRecordSource(out))
+    assert packed.decoded.holds(np.arange(len(images))).sum() == len(images) // 2
+    ids = np.random.default_rng(0).permutation(len(images))
+    np.testing.assert_array_equal(packed.read_batch(ids)["x"], np.stack([images[i]["x"] for i in ids]))
+    packed.close()
 
 
 def test_the_decoded_share_is_part_of_the_packs_identity(tmp_path):

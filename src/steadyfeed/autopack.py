@@ -17,7 +17,7 @@ middle of an epoch, and could not say in ``stats()`` what an epoch read). What i
   ``from_encoded(records)`` is packed in the form it gives: an ImageFolder packs its files'
   bytes, not their pixels (``sources/packed_images.py``), read back through the same decoder,
   and with ``pack_decoded`` a share of its images decoded too, beside the shards (what the
-  form's ``add_to_pack`` writes, ``sources/decoded_pixels.py``);
+  form's ``add_to_pack`` writes inside ``pack``'s atomic directory, ``sources/decoded_pixels.py``);
 * the pack appears whole or not at all: it is built in a hidden staging directory
   (``files.staging_directory``) holding the pack and ``source.json`` (the identity it was
   made from) and published by one rename, so a crash, a ``close()`` or a failing sample leave
@@ -53,7 +53,7 @@ from typing import Any
 
 from .errors import DataError
 from .files import atomic_write, fsync_directory, staging_directory
-from .pack_process import Cancelled, NotPortable, PackFailed, Packing, add_to_pack
+from .pack_process import Cancelled, NotPortable, PackFailed, Packing
 from .sources.base import close_source, fingerprint, locate
 
 PACK_NAME, IDENTITY_NAME = "pack", "source.json"
@@ -73,9 +73,18 @@ class _Reading:
         return len(self.source)
 
     def __getitem__(self, i: int):
+        self._check()
+        return self.source[i]
+
+    def add_to_pack(self, directory: Path) -> None:
+        """The source's own ``add_to_pack`` (``packing.pack`` calls it), stopped likewise."""
+        add = getattr(self.source, "add_to_pack", None)
+        if add is not None:
+            add(directory, self._check)
+
+    def _check(self) -> None:
         if self.stop.is_set():
             raise Cancelled("the loader was closed")
-        return self.source[i]
 
     def locate(self, i: int):
         return locate(self.source, i)
@@ -234,12 +243,6 @@ class AutoPack:
                 self._child = None
         lower_priority(NICENESS)
         pack(_Reading(stored, self._stop), out, progress=False)
-        add_to_pack(stored, out, self._check)
-
-    def _check(self) -> None:
-        """Raise Cancelled once the loader is closed (the packer thread checks as it goes)."""
-        if self._stop.is_set():
-            raise Cancelled("the loader was closed")
 
     def _publish(self, staging: Path) -> None:
         """One rename makes the pack appear. A stale or half-gone one of the same key (only a

@@ -31,7 +31,6 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,15 +125,6 @@ class Packing:
             self._process.stdout.close()
 
 
-def add_to_pack(stored: Any, out: Path, check: Callable[[], None] = lambda: None) -> None:
-    """After ``pack``: what the packed form adds beside the shards, if it adds anything
-    (``stored.add_to_pack``: an image folder's decoded share, ``pack_decoded``); ``check()``
-    is called as it goes, and raises to stop it."""
-    add = getattr(stored, "add_to_pack", None)
-    if add is not None:
-        add(out, check)
-
-
 # -- the child ------------------------------------------------------------------------------------
 def _exit_when_orphaned(lifeline) -> None:
     """Block on stdin until it closes, then end the process, wherever the packing stands."""
@@ -170,7 +160,6 @@ def main() -> None:
     os.nice(max(0, min(19, int(niceness)) - START_NICENESS))
     try:
         pack(source, Path(out), progress=False)
-        add_to_pack(source, Path(out))
     except BaseException as exc:
         _answer(stdout, error=f"{type(exc).__name__}: {exc}")
         return

@@ -117,6 +117,7 @@ def pack(
             counts = _write_shards(chunks, shards, bar)
         skipped.check(sum(counts) + len(skipped.entries), final=True)
         _finish(staging, counts, encoder.specs or {}, skipped.report())
+        _add_beside(source, staging)
         _publish(staging, out_dir)
     except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
@@ -375,6 +376,15 @@ def _finish(directory: Path, counts: list[int], specs: dict[str, FeatureSpec], q
         json.dump(manifest_dict(sum(counts), specs, names, quarantine), f, indent=2)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _add_beside(source: Any, directory: Path) -> None:
+    """What the source's packed form keeps beside the shards, if anything, inside the same
+    atomic directory (``source.add_to_pack(directory)``: an image folder's decoded share,
+    ``ImageFolder.encoded(decoded=...)``)."""
+    add = getattr(source, "add_to_pack", None)
+    if add is not None:
+        add(directory)
 
 
 def _check_target(out_dir: Path) -> None:

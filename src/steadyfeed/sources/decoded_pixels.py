@@ -10,14 +10,17 @@ held decoded, 0.39 s from a pack of the JPEGs alone and 0.6-0.7 s from the files
 held decoded it took as long as the JPEGs alone from a cold cache (the shuffled epoch waits
 for the disk's read of the pack, then decodes), and 0.7x as long from a warm one.
 
-Two files in the pack directory, beside its shards (which stay as they were, every image's
+Three files in the pack directory, beside its shards (which stay as they were, every image's
 bytes, so other tools read the pack as before):
 
 * ``decoded.pixels``: the pixels of the chosen images, one after the other, as
   ``ImageFolder.decode`` gives them (uint8, C order);
 * ``decoded.npy``: one row per image id (a structured array, no pickle): ``offset`` in the
   pixels file (-1: not held), ``shape`` (height, width, channels) and ``crc``, TFRecord's
-  masked CRC32C of the pixels, checked on every read as a record's is.
+  masked CRC32C of the pixels, checked on every read as a record's is;
+* ``decoded.json``: the format's version and the decoding settings the pixels were made with
+  (``ImageReader.decoding``: size, channels, DCT, limits); a folder with other settings is
+  refused, naming both, rather than given pixels it would not decode.
 
 Guarantees: the pixels read are those written, bit for bit, or :class:`DataError` names the
 file and the image (a CRC mismatch, a short read); an image that failed to decode when the
@@ -28,6 +31,7 @@ does. Pickles as its paths, so process workers open their own handle.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -40,7 +44,8 @@ from ..errors import DataError
 from .base import LazyHandles
 from .tfrecord.framing import masked_crc
 
-PIXELS_NAME, INDEX_NAME = "decoded.pixels", "decoded.npy"
+PIXELS_NAME, INDEX_NAME, ABOUT_NAME = "decoded.pixels", "decoded.npy", "decoded.json"
+FORMAT = "steadyfeed.decoded/1"
 INDEX_DTYPE = np.dtype([("offset", "<i8"), ("shape", "<u4", (3,)), ("crc", "<u4")])
 
 
@@ -51,11 +56,17 @@ def stores_decoded(i: int, share: float) -> bool:
 
 
 def write_decoded(
-    count: int, share: float, decode: Callable[[int], np.ndarray | None], directory: Path, check: Callable[[], None]
+    count: int,
+    share: float,
+    decode: Callable[[int], np.ndarray | None],
+    directory: Path,
+    decoding: dict,
+    check: Callable[[], None],
 ) -> None:
-    """Write the two files into ``directory`` for ``count`` images, ``share`` of them decoded by
-    ``decode(i)`` (None: not decodable, so not held), in id order; each file flushed to disk.
-    ``check()`` is called between images, and stops the writing by raising (a closed loader)."""
+    """Write the three files into ``directory`` for ``count`` images, ``share`` of them decoded
+    by ``decode(i)`` (None: not decodable, so not held) with the settings ``decoding``, in id
+    order; each file flushed to disk. ``check()`` is called between images, and stops the
+    writing by raising (a closed loader)."""
     index = np.zeros(count, INDEX_DTYPE)
     index["offset"] = -1
     offset = 0
@@ -77,11 +88,34 @@ def write_decoded(
         np.save(f, index, allow_pickle=False)
         f.flush()
         os.fsync(f.fileno())
+    with open(directory / ABOUT_NAME, "w", encoding="utf-8") as f:
+        json.dump({"format": FORMAT, "share": share, "decoding": decoding}, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _crc(image: np.ndarray) -> int:
     # google-crc32c takes bytes only; a 48 KB copy costs less than zlib.crc32 reading the array in place
     return masked_crc(image.tobytes())
+
+
+def _check_about(path: Path, decoding: dict) -> None:
+    """DataError unless ``path`` says this format, made with the settings ``decoding``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            about = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: unreadable ({exc}); expected what pack wrote beside its shards") from None
+    if not isinstance(about, dict) or about.get("format") != FORMAT:
+        found = about.get("format") if isinstance(about, dict) else about
+        raise DataError(
+            f"{path}: format {found!r}, this steadyfeed reads {FORMAT!r}; remove the pack to build it again"
+        )
+    if about.get("decoding") != decoding:
+        raise DataError(
+            f"{path}: its images were decoded with {about.get('decoding')}, the folder reading them decodes with "
+            f"{decoding}; read the pack with the settings it was made with"
+        )
 
 
 def _fits(into: np.ndarray | None, shape: tuple) -> bool:
@@ -96,8 +130,10 @@ def _open_readonly(path: str) -> int:
 class DecodedPixels:
     """The decoded images held in ``directory`` (written by :func:`write_decoded`)."""
 
-    def __init__(self, directory: str | os.PathLike[str], count: int):
+    def __init__(self, directory: str | os.PathLike[str], count: int, decoding: dict):
         self.directory = Path(directory)
+        _check_about(self.directory / ABOUT_NAME, decoding)
+        self.decoding = decoding
         self.index = np.load(self.directory / INDEX_NAME, allow_pickle=False)  # 24 bytes an image, in memory
         if self.index.dtype != INDEX_DTYPE or self.index.shape != (count,):
             raise DataError(
@@ -108,13 +144,14 @@ class DecodedPixels:
         self._handles = LazyHandles(_open_readonly, os.close)
 
     @classmethod
-    def beside(cls, records: Any, count: int) -> DecodedPixels | None:
-        """The decoded images held in the directory of a pack's shards, if it holds any."""
+    def beside(cls, records: Any, folder: Any) -> DecodedPixels | None:
+        """The images of ``folder`` held decoded in the directory of its pack's shards (``records``),
+        if it holds any."""
         folders = {os.path.dirname(p) for p in getattr(records, "paths", ())}
         if len(folders) != 1:
             return None
         directory = Path(folders.pop())
-        return cls(directory, count) if (directory / INDEX_NAME).exists() else None
+        return cls(directory, len(folder), folder.decoding) if (directory / ABOUT_NAME).exists() else None
 
     def holds(self, ids: np.ndarray) -> np.ndarray:
         """Per id, whether its pixels are held."""
@@ -157,4 +194,4 @@ class DecodedPixels:
         self._handles.close()
 
     def __reduce__(self):  # its paths, not its index: a worker loads the index itself
-        return DecodedPixels, (self.directory, len(self.index))
+        return DecodedPixels, (self.directory, len(self.index), self.decoding)

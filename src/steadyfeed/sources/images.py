@@ -91,6 +91,18 @@ class ImageReader:
         self.max_pixels, self.max_bytes = int(max_pixels), int(max_bytes)
         self.fast = fast  # libjpeg-turbo's fast integer DCT (tf.io.decode_jpeg's default)
 
+    @property
+    def decoding(self) -> dict:
+        """The settings that decide the pixels ``decode`` gives, and which images it refuses."""
+        size = None if self.size is None else list(self.size)  # as JSON gives it back
+        return {
+            "size": size,
+            "channels": self.channels,
+            "fast": self.fast,
+            "max_pixels": self.max_pixels,
+            "max_bytes": self.max_bytes,
+        }
+
     def header(self, path: str | os.PathLike[str]) -> ImageHeader:
         """What the header of one image file says, refused as ``load`` would refuse it for what
         the header shows (empty, over ``max_bytes``, not an image, over ``max_pixels``); the

@@ -25,6 +25,7 @@ Both pickle as the folder's paths and settings, so process workers read them too
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,11 +49,11 @@ class EncodedImages:
 
     @property
     def stored(self) -> str:
-        """What the pack holds, for its identity: a pack of another form is never read as this one.
-        The refusal limits are in it when pixels are, since those were checked when packing."""
+        """What the pack holds, for its identity: a pack of another form is never read as this
+        one, nor images held decoded with other settings (``ImageReader.decoding``)."""
         if not self.decoded:
             return "encoded"
-        return f"encoded, {self.decoded!r} decoded (max_pixels={self.folder.max_pixels}, max_bytes={self.folder.max_bytes})"
+        return f"encoded, {self.decoded!r} decoded with {json.dumps(self.folder.decoding, sort_keys=True)}"
 
     def __len__(self) -> int:
         return len(self.folder)
@@ -61,11 +62,11 @@ class EncodedImages:
         path = self.folder.locate(i)
         return {"x": _read(path, self.folder.max_bytes), "y": self.folder.labels_of(np.asarray([i]))[0]}
 
-    def add_to_pack(self, directory: Path, check: Callable[[], None]) -> None:
-        """After the shards: the ``decoded`` share of the images decoded beside them, if any;
-        ``check()`` raises to stop (``write_decoded``)."""
+    def add_to_pack(self, directory: Path, check: Callable[[], None] = lambda: None) -> None:
+        """What ``pack`` writes beside the shards: the ``decoded`` share of the images decoded
+        (``decoded_pixels.py``), if any; ``check()`` raises to stop it (a closed loader)."""
         if self.decoded:
-            write_decoded(len(self), self.decoded, self._decoded, directory, check)
+            write_decoded(len(self), self.decoded, self._decoded, directory, self.folder.decoding, check)
 
     def _decoded(self, i: int) -> np.ndarray | None:
         try:
@@ -84,7 +85,7 @@ class PackedImages:
         if len(records) != len(folder):
             raise DataError(f"{records!r} holds {len(records)} records for the {len(folder)} images of {folder!r}")
         self.folder, self.records = folder, records
-        self.decoded = DecodedPixels.beside(records, len(folder))  # pack_decoded's share, if the pack holds one
+        self.decoded = DecodedPixels.beside(records, folder)  # pack_decoded's share, if the pack holds one
 
     def __len__(self) -> int:
         return len(self.folder)
