@@ -13,6 +13,8 @@ import numpy as np
 import psutil
 import pytest
 from helpers import HeldInPacker, RefusedInPacker, epoch_digest, noisy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import steadyfeed as sf
 from steadyfeed import Loader
@@ -329,7 +331,7 @@ def test_a_pack_holding_decoded_images_is_bit_identical_to_the_folder(tmp_path, 
         reference = [epoch_digest(plain.epoch(e)) for e in range(3)]
     with Loader(images, 4, pack_to=tmp_path / "packs", pack_decoded=decoded, **kw) as loader:
         got = run_epochs(loader, 3)
-        assert loader.stats()["pack_batches"] == 2 * len(loader)
+        assert loader.stats()["pack_batches"] == 2 * len(loader) and loader.stats()["pack"]["decoded"] == decoded
     assert got == [("files", reference[0]), ("pack", reference[1]), ("pack", reference[2])]
 
     packed = packed_folder(images, tmp_path / "packs")
@@ -341,6 +343,17 @@ def test_a_pack_holding_decoded_images_is_bit_identical_to_the_folder(tmp_path, 
         np.testing.assert_array_equal(one, images[i]["x"])
         assert one.flags.writeable
     packed.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0.0, 1.0), st.integers(0, 10_000), st.integers(1, 64))
+def test_the_share_held_decoded_is_spread_evenly_over_any_run_of_ids(share, start, length):
+    """Any run of ids (a stretch of a shuffled epoch's samples is such a run in expectation;
+    a batch of the unshuffled order is one) holds the share to within one image."""
+    from steadyfeed.sources.decoded_pixels import stores_decoded
+
+    held = sum(stores_decoded(i, share) for i in range(start, start + length))
+    assert abs(held - share * length) < 1 + 1e-9
 
 
 def test_a_pack_holding_decoded_images_has_the_shards_of_a_pack_of_bytes(tmp_path):

@@ -167,6 +167,7 @@ class AutoPack:
         return {
             "state": self.state,
             "path": str(self.directory / PACK_NAME),
+            **({"decoded": self.decoded} if self.decoded else {}),  # pack_decoded
             **({"packer": self.packer} if self.packer else {}),
             **({"error": self.error} if self.error else {}),
         }

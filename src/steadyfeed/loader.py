@@ -509,7 +509,8 @@ class Loader:
         """What the loader measured about itself (``stats.py``), ``"handoff"``, ``"workers"``,
         ``"mode"`` and ``"prefetch"`` (those in use: an int, whatever was asked), under ``workers="auto"`` what it
         picked and why (``"auto"``: ``execution/auto.py``'s ``AutoChoice``; None until the first
-        epoch starts), and with ``pack_to`` the pack's state (``"pack"``: ``state``, ``path``, ``error``)."""
+        epoch starts), and with ``pack_to`` the pack's state (``"pack"``: ``state``, ``path``, ``error``,
+        ``decoded`` under ``pack_decoded``)."""
         pack = {"pack": self._autopack.report()} if self._autopack is not None else {}
         execution = self._running_config.execution
         asked = self.config.execution.resolved(self._unset_workers).workers

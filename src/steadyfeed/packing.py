@@ -89,7 +89,9 @@ def pack(
     ``on_error="skip"`` leaves out the samples that fail to read and lists them in the
     manifest (see the module docstring). ``progress`` shows a tqdm bar on stderr.
     ``out_dir`` must not exist or be empty. Returns ``out_dir`` as a Path, ready for
-    ``TFRecordSource(out_dir)``.
+    ``TFRecordSource(out_dir)``. A source with ``add_to_pack(directory)`` writes what it keeps
+    beside the shards there, before the directory appears (``ImageFolder.encoded(decoded=...)``:
+    a share of the images decoded).
     """
     if int(shard_size) < 1:
         raise ValueError(f"shard_size must be >= 1 records, got {shard_size}")

@@ -2,13 +2,14 @@
 
 Where decoding bounds an epoch (few cores, a fast disk), reading an image's pixels beats
 decoding its JPEG: one ``preadv`` straight into the image's row of the batch, the GIL
-released, no intermediate bytes (fresh memory costs page faults on every record), against
-tens of microseconds of libjpeg-turbo. The price is disk: 48 KB for a 128 x 128 RGB image
-held decoded, against its 7 KB JPEG. On this project's 2-core VM (``bench_pack_to.py``,
-``docs/benchmarks.md``) a later epoch from a cold page cache took 0.22 s with every image
-held decoded, 0.39 s from a pack of the JPEGs alone and 0.6-0.7 s from the files; with half
-held decoded it took as long as the JPEGs alone from a cold cache (the shuffled epoch waits
-for the disk's read of the pack, then decodes), and 0.7x as long from a warm one.
+released, against tens of microseconds of libjpeg-turbo. (Pixels inside the TFRecords were
+tried first: a 48 KB record read, unframed and parsed cost about 50 us under the GIL, as much
+as a decode.) The price is disk: 48 KB for a 128 x 128 RGB image held decoded, against its
+7 KB JPEG. On this project's 2-core VM (``bench_pack_to.py``, ``docs/benchmarks.md``) a later
+epoch from a cold page cache took 0.22-0.30 s with every image held decoded, 0.36-0.39 s from
+a pack of the JPEGs alone and about 0.6 s from the files; with half held decoded it took as
+long as the JPEGs alone from a cold cache (a shuffled epoch waits for the disk's read of the
+pack, then decodes), and about 0.7x as long from a warm one.
 
 Three files in the pack directory, beside its shards (which stay as they were, every image's
 bytes, so other tools read the pack as before):
