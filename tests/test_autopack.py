@@ -493,6 +493,18 @@ def test_pack_decoded_is_checked(options, message):
         Loader(sf.ArraySource(x=np.zeros(3)), 2, **options)
 
 
+def test_a_loader_holding_images_decoded_is_audited_from_its_source(tmp_path):
+    """What the commands read (a loader's source as stored, never its pack) drops pack_to and
+    pack_decoded together."""
+    from steadyfeed.tools.spec import raw_loader
+
+    images = sf.ImageFolder(photos(tmp_path / "photos", 3))
+    with Loader(images, 4, pack_to=tmp_path / "packs", pack_decoded=0.5) as loader:
+        with raw_loader(loader) as raw:
+            assert raw.config.execution.pack_to is None and raw.config.execution.pack_decoded == 0.0
+            assert np.concatenate([b["id"] for b in raw.epoch(0)]).tolist() == list(range(len(images)))
+
+
 def test_pack_decoded_is_refused_for_a_source_packed_as_its_samples(tmp_path):
     with pytest.raises(ValueError, match="pack_decoded=0.5 stores decoded images .* NpyPairs is packed as its samples"):
         Loader(npy_pairs(tmp_path / "data", 4), 2, pack_to=tmp_path / "packs", pack_decoded=0.5)

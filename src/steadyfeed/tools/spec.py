@@ -439,6 +439,7 @@ def raw_loader(
         max_error_fraction=1.0,
         exclude=None,
         pack_to=None,
+        pack_decoded=0.0,
     )
 
 
