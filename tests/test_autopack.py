@@ -555,6 +555,25 @@ def test_the_readahead_advice_runs_beside_the_epoch_and_ends_with_the_loader(tmp
     assert ended.is_set()  # close() waited for it
 
 
+def test_the_readahead_is_given_what_an_epoch_reads_the_smallest_file_first(tmp_path, monkeypatch):
+    from steadyfeed import autopack
+
+    advised, asked, real = [], [], autopack.prefetch
+
+    def spy(paths, stop):
+        advised.append([os.path.basename(p) for p in paths])
+        asked.append(real(paths, stop))  # absent if it raised (in its thread)
+
+    monkeypatch.setattr(autopack, "prefetch", spy)
+    images = sf.ImageFolder(photos(tmp_path / "photos", 3))
+    for decoded in (0.0, 0.5, 1.0):
+        with Loader(images, 4, pack_to=tmp_path / f"packs{decoded}", pack_decoded=decoded) as loader:
+            run_epochs(loader, 2)
+    shard = "shard-00000-of-00001.tfrecord"
+    assert advised == [[shard], [shard, "decoded.pixels"], ["decoded.pixels"]]
+    assert asked == [sys.platform.startswith("linux")] * 3
+
+
 def test_the_advice_stops_at_the_next_window_once_asked_to(tmp_path, monkeypatch):
     from steadyfeed import autopack
 

@@ -183,14 +183,16 @@ class AutoPack:
         records = TFRecordSource(self.directory / PACK_NAME)
         if len(records) != self.num_samples:  # the identity file said otherwise: never trust it then
             raise DataError(f"{self.directory} holds {len(records)} records for {self.num_samples} samples")
-        # the shards, and what a packed form keeps beside them (an image pack's decoded share),
-        # the smallest first: a batch needs some of each, and the small ones are read soonest
-        files = sorted((p for p in (self.directory / PACK_NAME).iterdir() if p.is_file()), key=_size_and_name)
+        reader = source.from_encoded(records) if self.encodes else records
+        # what an epoch reads (``data_files``: the shards, and an image pack's decoded share,
+        # without the shards when it holds every image), the smallest first: a shuffled batch
+        # needs some of each file, and the small ones are in soonest
+        files = sorted(getattr(reader, "data_files", records.paths), key=_size_and_name)
         self._prefetcher = threading.Thread(
             target=prefetch, args=(files, self._stop), name="steadyfeed-prefetch", daemon=True
         )
         self._prefetcher.start()
-        return source.from_encoded(records) if self.encodes else records
+        return reader
 
     # -- building --------------------------------------------------------------------------
     def start(self, source: Any) -> None:
@@ -280,14 +282,14 @@ class AutoPack:
         return self.ready
 
 
-def prefetch(paths: list[Path], stop: threading.Event | None = None) -> bool:
+def prefetch(paths: list[str] | list[Path], stop: threading.Event | None = None) -> bool:
     """Ask the kernel to read ``paths`` into the page cache (``POSIX_FADV_WILLNEED``: large
     sequential reads, in the background), when they fit in half the memory available. This
     is what a pack has over small files: a shuffled epoch then reads memory, where a cold one
     pays a random disk read per sample. Whether it was asked (Linux only); ``stop``, once
     set, ends the asking at the next window."""
     advise = getattr(os, "posix_fadvise", None)
-    total = sum(p.stat().st_size for p in paths)
+    total = sum(os.path.getsize(p) for p in paths)
     if advise is None or not total or total > available_memory() // 2:
         return False
     for path in paths:
@@ -307,8 +309,8 @@ def prefetch(paths: list[Path], stop: threading.Event | None = None) -> bool:
     return True
 
 
-def _size_and_name(path: Path) -> tuple[int, str]:
-    return path.stat().st_size, path.name
+def _size_and_name(path: str | os.PathLike[str]) -> tuple[int, str]:
+    return os.path.getsize(path), os.fspath(path)
 
 
 def available_memory() -> int:

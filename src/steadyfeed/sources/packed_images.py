@@ -119,6 +119,15 @@ class PackedImages:
         )
         return {"x": decode_batch(self.folder, images, len(ids)), "y": self.folder.labels_of(ids)}
 
+    @property
+    def data_files(self) -> list[str]:
+        """The files an epoch reads (what ``pack_to`` hands to the kernel's readahead): the
+        shards unless every image is held decoded, and the decoded share's pixels."""
+        if self.decoded is None:
+            return list(self.records.paths)
+        held = self.decoded.holds(np.arange(len(self)))
+        return ([] if held.all() else list(self.records.paths)) + [self.decoded.path]
+
     def locate(self, i: int) -> str:
         return f"{self.folder.locate(i)} (packed: {self.records.locate(i)})"
 
