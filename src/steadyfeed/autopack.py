@@ -174,8 +174,8 @@ class AutoPack:
 
     def open(self, source: Any):
         """What the workers read once the pack is ready: a TFRecordSource of it, or for a source
-        packed in its encoded form ``source.from_encoded(records)``. The shards are handed to
-        the kernel's readahead when they fit in half the free memory (``prefetch``), by a
+        packed in its encoded form ``source.from_encoded(records)``. The files it reads are handed
+        to the kernel's readahead when they fit in half the free memory (``prefetch``), by a
         thread of their own: the advice takes tens of microseconds a window (a 34 MB pack, 10
         ms; a 10 GB one, seconds), which the first batch need not wait for."""
         from .sources.tfrecord import TFRecordSource
