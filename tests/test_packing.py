@@ -576,6 +576,7 @@ def test_cli_encoded_packs_an_image_folder_as_its_files_bytes_which_tf_data_deco
         (["--npy", "{npy}"], "has no encoded form"),
         (["--images", "{images}", "--image-size", "8", "8"], "--image-size and --channels apply when"),
         (["--images", "{images}", "--channels", "1"], "--image-size and --channels apply when"),
+        (["--images", "{images}", "--decoded", "1.5"], "decoded must be a share of the images in [0, 1]"),
     ],
 )
 def test_cli_encoded_refuses_what_it_cannot_honour_with_exit_code_2(tmp_path, capsys, argv, message):
@@ -600,3 +601,27 @@ def test_every_commands_help_documents_its_exit_codes(command, capsys):
     assert exc.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "exit codes: 0" in text and "; 1 " in text and "2 a usage error" in text
+
+
+def test_cli_decoded_holds_images_decoded_with_the_given_settings_beside_the_shards(tmp_path, capsys, no_leaks):
+    pytest.importorskip("PIL")
+    from images_made import scene
+
+    from steadyfeed import DataError, ImageFolder
+
+    root = tmp_path / "photos"
+    (root / "a").mkdir(parents=True)
+    for j in range(4):
+        scene(j).save(root / "a" / f"{j}.jpg")
+    out = tmp_path / "packed"
+    images = ["pack", "--images", str(root), str(out), "--no-progress"]
+    assert main([*images, "--decoded", "0.5"]) == 2
+    assert "give --encoded too" in capsys.readouterr().err and not out.exists()
+    assert main([*images, "--encoded", "--decoded", "1", "--image-size", "16", "12", "--channels", "1"]) == 0
+    folder = ImageFolder(root, size=(16, 12), channels=1)
+    packed = folder.from_encoded(TFRecordSource(out))
+    assert packed.decoded.holds(np.arange(4)).all()
+    np.testing.assert_array_equal(packed.read_batch([3, 1])["x"], np.stack([folder[3]["x"], folder[1]["x"]]))
+    packed.close()
+    with pytest.raises(DataError, match="its images were decoded with"):
+        ImageFolder(root).from_encoded(TFRecordSource(out))

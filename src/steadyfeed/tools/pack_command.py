@@ -21,6 +21,14 @@ its int64's raw bytes, as pack stores every array: ``tf.io.decode_raw``), and st
 with ``TFRecordSource(OUT)`` and ``decode_image`` in a transform::
 
     steadyfeed pack --images photos/ data/packed --encoded
+
+``--decoded SHARE`` (with ``--encoded``) also holds that share of the images decoded beside
+the shards (``ImageFolder.encoded(decoded=SHARE)``, what ``Loader(pack_decoded=...)``
+keeps), made with ``--image-size`` and ``--channels``; ``ImageFolder(...).from_encoded(
+TFRecordSource(OUT))`` reads them straight into its batches, and refuses a folder whose
+decoding settings differ::
+
+    steadyfeed pack --images photos/ data/packed --encoded --decoded 1 --image-size 128 128
 """
 
 from __future__ import annotations
@@ -67,6 +75,14 @@ def add_arguments(parser) -> None:
         help="--images: store each image file's bytes as they are, not its decoded pixels "
         "(decoded when read back; --image-size and --channels apply then, not here)",
     )
+    parser.add_argument(
+        "--decoded",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="with --encoded: also hold this share of the images (0 to 1) decoded beside the shards, "
+        "with --image-size and --channels, for reading back without decoding",
+    )
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
 
 
@@ -75,12 +91,13 @@ def _encoded(source, args):
     encoded = getattr(source, "encoded", None)
     if encoded is None:
         raise SpecError(f"--encoded packs an image folder as its files' bytes; {describe(args)} has no encoded form")
-    if args.image_size is not None or args.channels != 3:
+    if not args.decoded and (args.image_size is not None or args.channels != 3):
         raise SpecError(
             "--encoded stores the files as they are; --image-size and --channels apply when they are "
-            "decoded (steadyfeed.decode_image(x, size=..., channels=...)), so leave them out here"
+            "decoded (steadyfeed.decode_image(x, size=..., channels=...)), so leave them out here, or "
+            "give --decoded SHARE to hold images decoded with them"
         )
-    return encoded()
+    return encoded(args.decoded) if args.decoded else encoded()
 
 
 def _options(data, args) -> dict:
@@ -110,6 +127,8 @@ def run(args) -> int:
         source = data.source if isinstance(data, Loader) else data
         if args.encoded:
             source = _encoded(source, args)
+        elif args.decoded:
+            raise SpecError("--decoded SHARE holds images decoded beside a pack of their bytes: give --encoded too")
     except (SpecError, ValueError) as exc:
         return usage_error("pack", exc)
     start = time.perf_counter()
