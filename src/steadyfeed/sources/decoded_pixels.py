@@ -32,6 +32,7 @@ does. Pickles as its paths, so process workers open their own handle.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
 import os
@@ -42,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError
+from ..files import atomic_file, atomic_write
 from .base import LazyHandles
 from .tfrecord.framing import masked_crc
 
@@ -71,7 +73,7 @@ def write_decoded(
     index = np.zeros(count, INDEX_DTYPE)
     index["offset"] = -1
     offset = 0
-    with open(directory / PIXELS_NAME, "wb") as out:
+    with atomic_file(directory / PIXELS_NAME) as out:  # fsynced; a full disk raises DiskFull
         for i in range(count):
             if not stores_decoded(i, share):
                 continue
@@ -83,16 +85,10 @@ def write_decoded(
             out.write(image.data)
             index[i] = (offset, image.shape, _crc(image))
             offset += image.nbytes
-        out.flush()
-        os.fsync(out.fileno())
-    with open(directory / INDEX_NAME, "wb") as f:
-        np.save(f, index, allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
-    with open(directory / ABOUT_NAME, "w", encoding="utf-8") as f:
-        json.dump({"format": FORMAT, "share": share, "decoding": decoding}, f)
-        f.flush()
-        os.fsync(f.fileno())
+    table = io.BytesIO()
+    np.save(table, index, allow_pickle=False)
+    atomic_write(directory / INDEX_NAME, table.getvalue())
+    atomic_write(directory / ABOUT_NAME, json.dumps({"format": FORMAT, "share": share, "decoding": decoding}).encode())
 
 
 def _crc(image: np.ndarray) -> int:

@@ -102,19 +102,18 @@ class PackedImages:
         the images held decoded are read straight into their rows."""
         ids = self.folder.check_ids(ids)
         if self.decoded is None:
-            return self._batch(ids, self.records.read_bytes(ids, "x"), None)
+            return self._batch(ids, np.zeros(len(ids), bool), None)
         held = self.decoded.holds(ids)
         with self.decoded.reading(ids[held]) as read:
-            return self._batch(ids, self.records.read_bytes(ids[~held], "x"), (held, read))
+            return self._batch(ids, held, read)
 
-    def _batch(self, ids: np.ndarray, encoded: list[bytes], decoded: tuple | None) -> dict[str, np.ndarray]:
-        """The batch of ``ids``: ``encoded`` the bytes of those not held decoded, in order, and
-        ``decoded`` (which are held, and their reader) for the others."""
-        held, read = decoded if decoded is not None else (np.zeros(len(ids), bool), None)
-        encoded_images = iter(encoded)
+    def _batch(self, ids: np.ndarray, held: np.ndarray, read: Callable | None) -> dict[str, np.ndarray]:
+        """The batch of ``ids``: those ``held`` decoded read by ``read(i, into)`` (None when none
+        is held), the others decoded."""
+        encoded = iter(self.records.read_bytes(ids[~held], "x"))
         # one name for all: an error here only sends the loader to self[i], which names the file
         images = (
-            (functools.partial(read, i) if h else next(encoded_images), "a packed image")
+            (functools.partial(read, i) if h else next(encoded), "a packed image")  # type: ignore[arg-type, misc]
             for i, h in zip(ids.tolist(), held.tolist())
         )
         return {"x": decode_batch(self.folder, images, len(ids)), "y": self.folder.labels_of(ids)}
