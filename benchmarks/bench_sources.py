@@ -911,6 +911,132 @@ def limit_epochs(ds: Dataset, path: str, n: int, processes: int, threads: bool =
         yield epoch
 
 
+# -- a hand-off loop: what a loader that hands over every batch of 32 can reach ------------
+HANDOFF_SLOTS = 4  # per process: batches made ahead, or in the consumer's hands
+
+
+def make_batch_into(files: tuple, ds_key: str, ids: range, x: np.ndarray, y: np.ndarray) -> None:
+    """Samples ``ids`` written straight into rows of ``x`` and ``y`` (views of a shared slot), with
+    the limit rows' calls: npy, one ``preadv`` of each file's data; JPEG, read, then decode with
+    the fast DCT into the row (after the header call ImageFolder makes too)."""
+    import simplejpeg
+
+    for row, k in enumerate(ids):
+        if ds_key == "npy":
+            for p, out in ((files[0][k], x[row]), (files[1][k], y[row])):
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    view = memoryview(out).cast("B")
+                    if os.preadv(fd, [view], os.fstat(fd).st_size - len(view)) != len(view):
+                        raise OSError(f"{p}: short read")
+                finally:
+                    os.close(fd)
+        else:
+            fd = os.open(files[0][k], os.O_RDONLY)
+            try:
+                data = os.read(fd, os.fstat(fd).st_size + 1)
+            finally:
+                os.close(fd)
+            simplejpeg.decode_jpeg_header(data)
+            simplejpeg.decode_jpeg(data, "RGB", fastdct=True, fastupsample=False, buffer=x[row])
+            y[row] = files[1][k]
+
+
+def handoff_process(conn, ds_key: str, files: tuple, names: list[str], x_spec: tuple, y_spec: tuple) -> None:
+    """One process of the hand-off loop: for each epoch it is sent (the batch numbers it makes,
+    in order), each batch is made into a free slot and the slot's number sent to the parent,
+    which sends it back once it is done with that batch."""
+    from multiprocessing import shared_memory
+
+    segments = [shared_memory.SharedMemory(name=name) for name in names]
+    (x_shape, x_dtype), (y_shape, y_dtype) = x_spec, y_spec
+    x_bytes = int(np.prod(x_shape)) * np.dtype(x_dtype).itemsize
+    slots = [
+        (np.ndarray(x_shape, x_dtype, buffer=s.buf), np.ndarray(y_shape, y_dtype, buffer=s.buf, offset=x_bytes))
+        for s in segments
+    ]
+    n = len(files[0])
+    try:
+        while (batches := conn.recv()) is not None:
+            free = list(range(len(slots)))
+            for b in batches:
+                if not free:
+                    free.append(conn.recv())
+                slot = free.pop()
+                lo, hi = b * BATCH, min(n, (b + 1) * BATCH)
+                make_batch_into(files, ds_key, range(lo, hi), *slots[slot])
+                conn.send((b, slot))
+            while len(free) < len(slots):
+                free.append(conn.recv())
+    finally:
+        del slots
+        for s in segments:
+            s.close()
+
+
+@contextmanager
+def handoff_epochs(ds: Dataset, path: str, n: int, processes: int) -> Iterator[EpochFn]:
+    """The hand-off loop: ``processes`` spawned processes each make every ``processes``-th batch
+    of 32, in order, straight into shared-memory slots of their own (``make_batch_into``), and
+    this process takes the batches in order as views of the slots (no copy), runs them through
+    the same Coverage check as every loader, and hands each slot back. No pickled tasks, no
+    helper threads, no scheduler: what handing over every batch costs on its own."""
+    import multiprocessing
+    from multiprocessing import shared_memory
+
+    files = limit_files(ds, path)
+    if ds.key == "npy":
+        first = np.load(files[0][0], mmap_mode="r")
+        x_spec, y_spec = ((BATCH, *first.shape), first.dtype.str), ((BATCH, 1), np.load(files[1][0]).dtype.str)
+    else:
+        x_spec, y_spec = ((BATCH, 128, 128, 3), "|u1"), ((BATCH,), "<i8")
+    x_bytes, y_bytes = (int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in (x_spec, y_spec))
+    batches = -(-n // BATCH)
+    mp = multiprocessing.get_context("spawn")
+    with ExitStack() as stack:
+        pipes, views = [], []
+        for _ in range(processes):
+            own = [shared_memory.SharedMemory(create=True, size=x_bytes + y_bytes) for _ in range(HANDOFF_SLOTS)]
+            for s in own:
+                stack.callback(s.unlink)
+                stack.callback(s.close)
+            parent, child = mp.Pipe()
+            proc = mp.Process(
+                target=handoff_process,
+                args=(child, ds.key, files, [s.name for s in own], x_spec, y_spec),
+                daemon=True,
+            )
+            proc.start()
+            stack.callback(proc.join, 10)
+            stack.callback(parent.send, None)
+            child.close()
+            pipes.append(parent)
+            views.append(
+                [
+                    (
+                        np.ndarray(x_spec[0], x_spec[1], buffer=s.buf),
+                        np.ndarray(y_spec[0], y_spec[1], buffer=s.buf, offset=x_bytes),
+                    )
+                    for s in own
+                ]
+            )
+        stack.callback(views.clear)
+
+        def batches_of(e: int) -> Iterator:
+            for w, pipe in enumerate(pipes):
+                pipe.send(list(range(w, batches, processes)))
+            for b in range(batches):
+                pipe = pipes[b % processes]
+                got, slot = pipe.recv()
+                assert got == b, (got, b)
+                x, y = views[b % processes][slot]
+                rows = min(BATCH, n - b * BATCH)
+                yield x[:rows], y[:rows]
+                pipe.send(slot)
+
+        yield checked_epoch(ds, n, batches_of)
+
+
 # -- the settings per dataset -------------------------------------------------------------
 # (family, label, runner, keyword arguments), in table order; each round runs them in this
 # order. Interleaved datasets build every loader first, tf.data's too (which imports
@@ -942,6 +1068,12 @@ TF_JPEG = (  # decode_jpeg's default is the fast DCT; the accurate one is ImageF
     ),
 )
 NPY_LIMIT = ("limit", "raw read by 2 processes", limit_epochs, dict(processes=2))
+NPY_HANDOFF = (
+    "limit",
+    "hand-off loop (2 processes, batches of 32 lent to this one)",
+    handoff_epochs,
+    dict(processes=2),
+)
 JPEG_LIMITS = (
     ("limit", "2-core decode limit (2 processes: read + fast decode)", limit_epochs, dict(processes=2)),
     ("limit", "1-core decode limit (1 process: read + fast decode)", limit_epochs, dict(processes=1)),
@@ -950,6 +1082,12 @@ JPEG_LIMITS = (
         "2-thread decode loop (2 threads of 1 process: read + fast decode)",
         limit_epochs,
         dict(processes=2, threads=True),
+    ),
+    (
+        "limit",
+        "hand-off loop (2 processes decode batches of 32, lent to this one)",
+        handoff_epochs,
+        dict(processes=2),
     ),
 )
 HDF5_WIDE = ("steadyfeed", "thread w4", steadyfeed_epochs, dict(workers=4, mode="thread"))  # more threads than cores
@@ -1022,7 +1160,7 @@ def settings(key: str) -> list[tuple]:
     if key == "records":
         return list(RECORDS)
     if key == "npy":
-        return [*STEADYFEED, AUTO, *PEERS, TF_DATA, NPY_LIMIT]
+        return [*STEADYFEED, AUTO, *PEERS, TF_DATA, NPY_LIMIT, NPY_HANDOFF]
     if key == "hdf5":
         ours = [*STEADYFEED, HDF5_WIDE, AUTO, *HDF5_REFERENCES]
         in_order = [(f, s + " in order", r, kw) for f, s, r, kw in ours]

@@ -94,6 +94,34 @@ def test_batches_that_fit_stay_in_shared_memory():
     assert sorted(i for i, _, _ in out["rows"]) == list(range(12))
 
 
+def test_no_room_to_lend_copies_batches_out_and_keeps_shared_memory():
+    """Lending needs slots beyond the two of the tasks in flight. One worker, 3 MiB batches, all
+    kept: its two task slots and three more fit the 16 MiB, the sixth does not. Lending stops
+    (stats say why), batches are copied out of the slots they have, and no pipe is needed."""
+    code = (
+        SCRIPT.format(transport="auto")
+        .replace("BigSource(12, 8 << 20)", "BigSource(36, 1 << 20)")
+        .replace("workers=2", "workers=1, inline_when_faster=False")
+        .replace(
+            "rows = [(int(i), float(row[0]), float(row[-1])) for b in loader.epoch(0)",
+            "kept = list(loader.epoch(0))\n                    rows = [(int(i), float(row[0]), float(row[-1])) for b in kept",
+        )
+        .replace(
+            '("transport", "transport_fallback")',
+            '("transport", "transport_fallback", "lending_stopped", "lent_batches")',
+        )
+    )
+    out = run_python(code, shm_size="16m")
+    assert "error" not in out, out.get("error")
+    assert sorted(i for i, _, _ in out["rows"]) == list(range(36))
+    assert all(first == last == i for i, first, last in out["rows"])
+    stats = out["stats"]
+    assert (stats["transport"], stats["transport_fallback"], out["warnings"]) == ("shm", None, [])
+    assert "/dev/shm has" in stats["lending_stopped"] and "copied out" in stats["lending_stopped"]
+    assert 0 < stats["lent_batches"] <= 4
+    assert out["left"] == []
+
+
 @pytest.mark.timeout(120)
 def test_pipe_transport_gives_the_same_batches_as_shared_memory_and_threads(no_leaks):
     """On any machine: the pipe path is the same batches, bit for bit, and says so in stats()."""

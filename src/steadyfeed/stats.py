@@ -5,7 +5,8 @@ figures behind ``steadyfeed bench`` and the Keras monitor come from the real loa
 not from a separately instrumented copy.
 
 Stage times are summed over workers (``read``, ``transform``, ``collate`` in the
-workers; ``transport``, copying a batch out of shared memory, in the consumer's
+workers; ``transport``, taking a batch out of shared memory (mapping it, or copying it
+when it is not lent), in the consumer's
 process: by its receiver thread in process mode, in its own thread with Ray), so
 with N workers they can add up to N times the wall time. ``wait_seconds`` is the
 consumer's time blocked waiting for the next batch: the training loop's idle time.
@@ -40,6 +41,10 @@ class LoaderStats:
     # workers), "ray"; and, once process workers fell back from shared memory to pipes, why
     transport: str = "in-process"
     transport_fallback: str | None = None
+    # process workers' batches handed over as views of their shared-memory slots, not copied
+    # (``execution/shm.py``); and, once a slot to lend from found no room, why lending stopped
+    lent_batches: int = 0
+    lending_stopped: str | None = None
     components: dict = field(default_factory=dict)  # a Mixture's component name -> {"samples", "skipped"}
     reading: str = "files"  # what the current or last epoch read: "files" (the source) or "pack" (pack_to)
     pack_batches: int = 0  # batches read from the pack (pack_to)
@@ -81,13 +86,24 @@ class LoaderStats:
             "queue_fill_timeline": list(self.fill_timeline),
             "transport": self.transport,
             "transport_fallback": self.transport_fallback,
+            "lent_batches": self.lent_batches,
+            "lending_stopped": self.lending_stopped,
             "reading": self.reading,
             "pack_batches": self.pack_batches,
             **({"components": {name: dict(c) for name, c in self.components.items()}} if self.components else {}),
         }
 
 
-COUNTERS = ("batches", "samples", "skipped", "wait_seconds", "inline_batches", "queue_fill_total", "pack_batches")
+COUNTERS = (
+    "batches",
+    "samples",
+    "skipped",
+    "wait_seconds",
+    "inline_batches",
+    "queue_fill_total",
+    "pack_batches",
+    "lent_batches",
+)
 
 
 def stats_delta(before: dict, after: dict) -> dict:

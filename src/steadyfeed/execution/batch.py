@@ -14,11 +14,8 @@ import numpy as np
 
 from ..errors import CollateError
 from ..sampling.seeds import SampleStreams
-from ..sources.base import NO_FDS, as_sample, fd_limit_note, locate, native, read_columns, read_many
+from ..sources.base import NO_FDS, Allocator, as_sample, fd_limit_note, locate, native, read_columns, read_many
 from .task import BatchResult, BatchTask, Disagreement, SampleFailure, Stage, StatusSlot, WorkContext
-
-# allocate(specs) -> {key: empty array}; specs is {key: (shape, dtype)}
-Allocator = Callable[[dict], dict]
 
 
 def numpy_allocator(specs: dict) -> dict:
@@ -40,10 +37,37 @@ def _failure(position: int, sample_id: int, attempts: int, exc: BaseException) -
     )
 
 
+class _Placed:
+    """The ``allocate`` a source's ``read_batch`` is given (``read_columns``) when the batch
+    goes into memory of the worker's choosing (a shared-memory slot): the columns are made in
+    the batch's output, ``id`` beside them, so collating them copies nothing. Only a batch
+    that is the columns as they are qualifies (no padding, stacked, native byte order, one
+    row per id); for anything else the source gets fresh arrays, copied as before."""
+
+    def __init__(self, spec, allocate: Allocator):
+        self._spec, self._allocate = spec, allocate
+        self.out: dict[str, np.ndarray] | None = None
+
+    def __call__(self, specs: dict) -> dict:
+        specs = {key: (tuple(shape), np.dtype(dtype)) for key, (shape, dtype) in specs.items()}
+        rows = len(self._spec.ids)
+        if self.out is not None or "id" in specs or any(s[:1] != (rows,) or not d.isnative for s, d in specs.values()):
+            return numpy_allocator(specs)
+        self.out = _allocate(
+            {key: (shape[1:], dtype) for key, (shape, dtype) in specs.items()}, rows, self._spec, self._allocate
+        )
+        return {key: self.out[key] for key in specs}
+
+    def holds(self, columns: dict[str, np.ndarray]) -> bool:
+        """Whether ``columns`` are the very arrays placed in the output (nothing to copy)."""
+        out = self.out
+        return out is not None and len(out) == len(columns) + 1 and all(out.get(k) is col for k, col in columns.items())
+
+
 class _Reader:
     """Reads and transforms one sample at a time, with the retry bound."""
 
-    def __init__(self, task: BatchTask, ctx: WorkContext):
+    def __init__(self, task: BatchTask, ctx: WorkContext, placed: _Placed | None = None):
         self.task, self.ctx = task, ctx
         self.streams = SampleStreams(ctx.seed) if ctx.transform is not None else None
         spec = task.spec
@@ -54,7 +78,7 @@ class _Reader:
         if task.batched_read and not task.prior_attempts and not task.excluded:
             t0 = time.perf_counter()
             if ctx.transform is None:
-                self.columns = read_columns(ctx.source, spec.ids)
+                self.columns = read_columns(ctx.source, spec.ids, placed)
             if self.columns is None:
                 batch = read_many(ctx.source, spec.ids)
                 if batch is not None:
@@ -263,12 +287,21 @@ def _ownable(column: np.ndarray) -> bool:
 
 
 def collate_columns(
-    columns: dict[str, np.ndarray], task: BatchTask, allocate: Allocator, policy: str = "stack"
+    columns: dict[str, np.ndarray],
+    task: BatchTask,
+    allocate: Allocator,
+    policy: str = "stack",
+    placed: _Placed | None = None,
 ) -> dict[str, np.ndarray]:
     """The fast path: a batch read as stacked columns goes into the output in one copy per key
-    (native byte order; under "pad" every row has the column's shape, so "<key>_shape" is that)."""
+    (native byte order; under "pad" every row has the column's shape, so "<key>_shape" is that),
+    or in none when the source read them into the output itself (``placed``)."""
     spec = task.spec
     real = spec.num_real
+    if placed is not None and placed.holds(columns):
+        assert placed.out is not None  # holds() says so
+        _label_rows(placed.out, spec.ids[:real], spec)
+        return placed.out
     shapes = (
         {
             key + SHAPE_SUFFIX: np.tile(np.array(col.shape[1:], np.int64), (len(col), 1))
@@ -300,11 +333,14 @@ def run_batch(
 ) -> BatchResult:
     spec = task.spec
     status.begin(task.task_id, Stage.READING_BATCH)
-    reader = _Reader(task, ctx)
+    # a worker whose batches go elsewhere (a shared-memory slot) lets the source read into them
+    places = allocate is not numpy_allocator and spec.pad_to is None and ctx.collate == "stack"
+    placed = _Placed(spec, allocate) if places else None
+    reader = _Reader(task, ctx, placed)
     if reader.columns is not None and not _clashes(reader.columns, ctx.collate):
         status.begin(task.task_id, Stage.COLLATING)
         t0 = time.perf_counter()
-        arrays: dict[str, np.ndarray] | None = collate_columns(reader.columns, task, allocate, ctx.collate)
+        arrays: dict[str, np.ndarray] | None = collate_columns(reader.columns, task, allocate, ctx.collate, placed)
         timings = {"read": reader.read_seconds, "transform": 0.0, "collate": time.perf_counter() - t0}
         status.idle()
         return BatchResult(task.task_id, spec.index, arrays, (), timings)

@@ -197,7 +197,7 @@ class _OutboxPool(WorkerPool):
             return []
         return self._done(wid, payload)
 
-    def _short_of_shm(self, shortage: shm.Shortage) -> None:
+    def _short_of_shm(self, where: tuple[str, shm.Shortage]) -> None:
         raise RuntimeError("steadyfeed bug: a pool without shared memory reported a shortage of it")
 
 
@@ -236,6 +236,7 @@ class ProcessPool(_OutboxPool):
         self._mp = process_context()
         self._token = shm.owner_token()
         self._slots = shm.ConsumerSlots()
+        self._lent_counted = 0  # of self._slots.lent, in self._stats
         self._outbox = queue.SimpleQueue()
         self._receiver = ResultReceiver(self._slots, self._outbox, ctx.niceness)
         try:
@@ -247,7 +248,9 @@ class ProcessPool(_OutboxPool):
 
     def _new_worker(self, wid: int) -> ProcessWorker:
         try:
-            worker = ProcessWorker(wid, self.ctx, self._mp, self._token, TASKS_PER_WORKER, self._sender, self._slots)
+            worker = ProcessWorker(
+                wid, self.ctx, self._mp, self._token, TASKS_PER_WORKER + shm.LENT_SLOTS, self._sender, self._slots
+            )
         except shm.NoRoom as exc:
             raise SharedMemoryFull(
                 f"{exc.shortage.text(f'the status slot of process worker {wid}')}: every process worker needs "
@@ -260,10 +263,26 @@ class ProcessPool(_OutboxPool):
         return worker
 
     def _prepare(self, task: BatchTask, worker: ProcessWorker) -> BatchTask:
-        return task if self._by_pipe else worker.with_free_slot(task)
+        lend = shm.ConsumerSlots.lends and self._stats.lending_stopped is None
+        return task if self._by_pipe else worker.with_free_slot(task, lend)
 
-    def _short_of_shm(self, shortage: shm.Shortage) -> None:
-        """A worker found no room in shared memory for a batch slot (and sent that batch by pipe)."""
+    def _done(self, wid: int, result: BatchResult) -> list[Event]:
+        self._stats.lent_batches += self._slots.lent - self._lent_counted  # the stats outlive this pool
+        self._lent_counted = self._slots.lent
+        return super()._done(wid, result)
+
+    def _short_of_shm(self, where: tuple[str, shm.Shortage]) -> None:
+        """A worker found no room in shared memory for batch slot ``name`` (and sent that batch
+        by pipe). A slot needed only for lending stops the lending: batches are copied out of
+        the others from then on, still through shared memory."""
+        name, shortage = where
+        if shm.slot_index(name) >= TASKS_PER_WORKER:  # a slot beyond those of the tasks in flight
+            if self._stats.lending_stopped is None:
+                self._stats.lending_stopped = (
+                    f"{shortage.text('a slot to lend batches from')}: batches are copied out of shared memory "
+                    "instead of lent (one copy more per batch)"
+                )
+            return
         need = (
             f"each process worker keeps up to {TASKS_PER_WORKER} slots of its largest batch, so {self.size} "
             f"workers need about {human_bytes(TASKS_PER_WORKER * self.size * shortage.needed)}"

@@ -1,22 +1,23 @@
 """Process mode: a thread of the consumer's that takes results off the workers' pipes as they come.
 
 The consumer's own thread is the training loop: between two steps it should find the next
-batch ready, not receive it. Unpickling a result and copying its batch out of shared memory
-cost ~200 us per batch in ``fit`` (``benchmarks/bench_fit.py``); here they run while the
-step does (numpy's copy releases the GIL), in a thread as far below the consumer's CPU
-priority as the workers.
+batch ready, not receive it. Unpickling a result and taking its batch out of shared memory
+(views of the slot when it is lent; a copy, ~200 us per batch in ``fit``, when it is not, see
+``shm.py``) run here while the step does (numpy's copy releases the GIL), in a thread as far
+below the consumer's CPU priority as the workers.
 
 Guarantees:
 
 * what each worker sends reaches the pool's outbox in order, as ``("done", wid, result)``
-  with the batch already copied out of its slot (or as it came, by pipe), preceded by
-  ``("short", wid, shm.Shortage)`` when shared memory had no room for its slot; a worker's end (its pipe closing, its
+  with the batch already out of its slot (lent or copied: ``shm.ConsumerSlots``; or as it
+  came, by pipe), preceded by ``("short", wid, (slot name, shm.Shortage))`` when shared memory
+  had no room for its slot; a worker's end (its pipe closing, its
   process exiting) as one ``("died", wid, detail)``; a failure of this thread itself as
   ``("crashed", -1, traceback)``, so the consumer never waits on a thread that is gone;
 * it reads its own duplicates of each worker's pipe and process sentinel: the consumer
   closing its handles (a lost or stopped worker) never races a read here;
-* the copy runs under the slots' lock (``shm.ConsumerSlots``), so the consumer unlinking a
-  dead worker's slots never pulls a segment from under it.
+* taking a batch out runs under the slots' lock (``shm.ConsumerSlots``), so the consumer
+  unlinking a dead worker's slots never pulls a segment from under it.
 """
 
 from __future__ import annotations
@@ -96,18 +97,20 @@ class ResultReceiver:
             while pipe.poll():
                 shipped = pipe.recv()
                 if shipped.shortage is not None:  # before its batch: the pool decides what follows first
-                    self._outbox.put(("short", wid, shipped.shortage))
+                    self._outbox.put(("short", wid, (shipped.shm_name, shipped.shortage)))
                 self._outbox.put(("done", wid, self._copy_out(shipped)))
         except (EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:  # a slot gone too: the worker was lost
             self._end(wid, f"worker pipe closed ({type(exc).__name__})")
 
     def _copy_out(self, shipped: ShippedResult) -> BatchResult:
-        """The result with its batch copied out of its shared-memory slot into fresh arrays."""
-        if shipped.layout is None:
+        """The result with its batch taken out of its shared-memory slot (``ConsumerSlots.receive``:
+        lent or copied)."""
+        if shipped.shm_name is None:
             return shipped.result
         t0 = time.perf_counter()
-        assert shipped.shm_name is not None  # a batch laid out in a slot names the slot
         arrays = self._slots.receive(shipped.shm_name, shipped.layout)
+        if shipped.layout is None:  # not in the slot
+            return shipped.result
         return shipped.result.received(arrays, time.perf_counter() - t0)
 
     def _end(self, wid: int, detail: str) -> None:

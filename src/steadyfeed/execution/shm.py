@@ -3,14 +3,22 @@
 Each worker process owns a few *slots*: segments named by the consumer
 (``slot_name``) and reused from batch to batch, so a batch costs no segment creation,
 no page faults on fresh memory and no unlink. The consumer tells the worker which slot
-to write for each task, never one that holds a batch not yet copied out; its receiver
-thread (``receiver.py``) copies the arrays out into fresh memory (a batch is never a
-buffer that is reused later) as soon as the result arrives. A slot grows (unlink, then
-create bigger under the same name) when a batch does not fit; the consumer notices by
-size and re-attaches.
+to write for each task, never one that holds a batch still in use. A slot grows (unlink,
+then create bigger under the same name) when a batch does not fit; the consumer notices
+by size and re-attaches.
+
+A batch reaches the consumer without a copy: it is *lent*, its arrays views of its slot.
+The slot is then named for no task until the last of those arrays (and of any view of them)
+is gone, which a finalizer reports (``ConsumerSlots.lend``): a batch is never memory that
+is written again while any part of it is alive. At most ``LENT_SLOTS`` of a worker's slots
+are lent at once; a batch beyond that (a consumer keeping many batches) is copied out into
+fresh memory by the receiver thread (``receiver.py``), as every batch once was. Lending
+needs slots beyond the ``TASKS_PER_WORKER`` in flight; where shared memory has no room for
+one, lending stops and batches are copied again (the pool's decision; no pipes needed).
 
 Because the consumer knows every slot name, it unlinks them all when a worker stops
-or dies: no segment outlives the loader.
+or dies: no segment outlives the loader. A lent batch outlives its segment's name: its
+memory stays mapped until its last array goes, and the attachment is closed then.
 
 A segment's pages are reserved when it is made (``reserve``): shared memory is a tmpfs
 (Docker gives containers 64 MB by default), and a page that cannot be backed when first
@@ -23,11 +31,15 @@ follows (``pool.ProcessPool``: fall back to pipes, or raise).
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import sys
 import threading
+import weakref
+from collections import deque
 from dataclasses import dataclass, replace
 from multiprocessing import shared_memory
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +55,7 @@ except ImportError:  # Windows: a segment goes away with its last handle, nothin
     _posixshmem = None
 
 PREFIX = "sf"
+LENT_SLOTS = 4  # a worker's batches the consumer may hold as views of their slots at once; more are copied
 _ALIGN = 64
 PLACE = "/dev/shm" if sys.platform.startswith("linux") else "shared memory"  # where shm_open's segments live
 _FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
@@ -121,6 +134,11 @@ def slot_name(owner_token: str, worker_id: int, slot: int) -> str:
     return f"{PREFIX}{owner_token}w{worker_id}s{slot}"
 
 
+def slot_index(name: str) -> int:
+    """``slot``, of the name ``slot_name`` made."""
+    return int(name.rsplit("s", 1)[1])
+
+
 def owner_token() -> str:
     return f"{os.getpid():x}{os.urandom(2).hex()}"
 
@@ -165,8 +183,8 @@ class SlotAllocator:
 
     def ship(self, result: BatchResult) -> ShippedResult:
         """The message for ``result``, a result made with this allocator."""
-        if self.layout is None or result.arrays is None:  # no slot: the arrays, if any, go by pipe
-            return ShippedResult(result, None, None, self.shortage)
+        if self.layout is None or result.arrays is None:  # not in the slot: the arrays, if any, go by pipe
+            return ShippedResult(result, None, self.name, self.shortage)
         return ShippedResult(replace(result, arrays=None), self.layout, self.name)
 
 
@@ -197,31 +215,78 @@ class WorkerSlots:
         self._segments.clear()
 
 
+class _Lent(np.ndarray):
+    """A lent batch's bytes, never handed out itself. numpy collapses a view's ``base`` only
+    through arrays of the view's own type, so every array of the batch (and every view of
+    them) keeps this one alive, and its finalizer runs when the last of them is gone."""
+
+
 class ConsumerSlots:
-    """Consumer side: attachments to the workers' slots, kept open between batches."""
+    """Consumer side: its mappings of the workers' slots, kept between batches, and the slots
+    lent out. A slot is *held* from the moment a task is told to write a lent batch into it
+    (``hold``, in the consumer's thread) until the last array of that batch is gone, or the
+    batch did not come through the slot (``receive``); a held slot is named for no task.
 
-    def __init__(self):
-        self._attached: dict[str, shared_memory.SharedMemory] = {}
+    A mapping is an ``mmap`` of the slot: the arrays of a lent batch hold a buffer export on
+    it, so it cannot be unmapped under them (closing it raises instead); a mapping the consumer
+    lets go of while a batch is lent (a dead worker, a grown slot) stays until that batch goes."""
+
+    lends = _posixshmem is not None  # elsewhere (Windows) batches are copied out, as SharedMemory maps them
+
+    def __init__(self) -> None:
+        self._maps: dict[str, _Mapping] = {}
         self._lock = threading.Lock()  # receive runs in the receiver thread, discard in the consumer's
+        self._held: set[str] = set()
+        # slots whose lent batch is gone: appended by finalizers, in whichever thread dropped the
+        # last array (the cyclic GC included), so behind no lock; drained by ``held``
+        self._returned: deque[str] = deque()
+        self.lent = 0  # batches lent so far
 
-    def receive(self, name: str, layout: list) -> dict[str, np.ndarray]:
-        """Copy a batch out of its slot into fresh arrays."""
-        need = _end(layout)
+    def hold(self, name: str) -> None:
+        """The batch written into slot ``name`` next is to be lent (called before its task is sent)."""
+        self._held.add(name)
+
+    def held(self, names) -> set[str]:
+        """Those of slots ``names`` that are held."""
+        while self._returned:
+            self._held.discard(self._returned.popleft())
+        return self._held.intersection(names)
+
+    def receive(self, name: str, layout: list | None) -> dict[str, np.ndarray] | None:
+        """The batch in slot ``name`` at ``layout``: lent (views of the slot) when the slot is
+        held, else copied out into fresh arrays. ``layout`` None (the batch did not come
+        through the slot): nothing, and a hold on the slot ends."""
         with self._lock:
-            segment = self._attached.get(name)
-            if segment is None or segment.size < need:  # first use, or the worker grew the slot
-                if segment is not None:
-                    segment.close()
-                segment = self._attached[name] = shared_memory.SharedMemory(name=name)
-            return {key: view.copy() for key, view in _views(segment, layout).items()}
+            if layout is None:
+                self._held.discard(name)
+                return None
+            need = _end(layout)
+            whole = np.frombuffer(self._map(name, need).buf, np.uint8, count=need)
+            if name not in self._held or not self.lends:
+                self._held.discard(name)
+                return {key: view.copy() for key, view in _carve(whole, layout).items()}
+            self.lent += 1
+            whole = whole.view(_Lent)
+            weakref.finalize(whole, self._returned.append, name).atexit = False
+            return {key: view.view(np.ndarray) for key, view in _carve(whole, layout).items()}
+
+    def _map(self, name: str, need: int) -> _Mapping:
+        m = self._maps.get(name)
+        if m is None or m.size < need:  # first use, or the worker grew the slot
+            if m is not None:
+                m.close()
+            m = self._maps[name] = _Mapping(name)
+        return m
 
     def discard(self, names) -> None:
-        """Detach and unlink slots whose worker stopped or died (whether or not they exist)."""
+        """Let go of and unlink slots whose worker stopped or died (whether or not they exist);
+        a batch lent from one stays whole until it goes."""
         with self._lock:
             for name in names:
-                segment = self._attached.pop(name, None)
-                if segment is not None:
-                    segment.close()
+                self._held.discard(name)
+                m = self._maps.pop(name, None)
+                if m is not None:
+                    m.close()
                 try:
                     segment = shared_memory.SharedMemory(name=name)
                 except FileNotFoundError:
@@ -234,6 +299,41 @@ class ConsumerSlots:
                     continue
                 segment.close()
                 segment.unlink()
+
+
+class _Mapping:
+    """The consumer's mapping of slot ``name``: an mmap (with a file descriptor of its own),
+    or, where slots are not lent (Windows), the SharedMemory that maps it by name."""
+
+    def __init__(self, name: str):
+        self._segment: shared_memory.SharedMemory | None = None
+        if _posixshmem is None:
+            self._segment = shared_memory.SharedMemory(name=name)
+            self.buf: Any = self._segment.buf
+        else:
+            fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+            try:
+                self.buf = mmap.mmap(fd, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
+        self.size = len(self.buf)
+
+    def close(self) -> None:
+        """Unmap now, or, while a lent batch holds the map, when that batch goes."""
+        try:
+            (self._segment or self.buf).close()
+        except BufferError:
+            pass  # lent: dropped by us, the map closes itself with the batch's last array
+
+
+def _carve(whole: np.ndarray, layout: list) -> dict[str, np.ndarray]:
+    """The arrays of ``layout`` as views of ``whole`` (a slot's bytes)."""
+    return {
+        key: whole[offset : offset + np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64))]
+        .view(dtype)
+        .reshape(shape)
+        for key, dtype, shape, offset in layout
+    }
 
 
 def _unlink_name(name: str) -> None:

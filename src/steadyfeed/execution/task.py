@@ -114,10 +114,11 @@ class BatchResult:
 
 @dataclass(frozen=True)
 class ShippedResult:
-    """A process worker's result: the arrays stay in shared-memory slot ``shm_name`` at
-    ``layout`` until the consumer copies them out; with ``layout`` None they travel in
-    ``result`` itself (none, or a batch sent by pipe). ``shortage`` (a ``shm.Shortage``): shared
-    memory had no room for the slot, which is why this batch came by pipe."""
+    """A process worker's result: the arrays are in shared-memory slot ``shm_name`` at
+    ``layout``, where the consumer lends or copies them; with ``layout`` None they travel in
+    ``result`` itself (none, or a batch sent by pipe), and ``shm_name`` is the slot the task
+    named, if any. ``shortage`` (a ``shm.Shortage``): shared memory had no room for that slot,
+    which is why this batch came by pipe."""
 
     result: BatchResult  # with arrays=None when they are in the slot
     layout: list | None

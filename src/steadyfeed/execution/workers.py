@@ -212,11 +212,17 @@ class ProcessWorker:
     def sentinel(self):
         return self.process.sentinel
 
-    def with_free_slot(self, task: BatchTask) -> BatchTask:
-        """``task`` writing into a batch slot that no outstanding task of this worker is writing
-        or has written (the consumer copies a batch out before the slot is named again)."""
-        busy = {t.shm_name for t in self.outstanding.values()}
-        return replace(task, shm_name=next(name for name in self.slot_names if name not in busy))
+    def with_free_slot(self, task: BatchTask, lend: bool) -> BatchTask:
+        """``task`` writing into a slot of this worker's that no outstanding task names and no
+        lent batch holds. Its batch is to be lent (``shm.ConsumerSlots``) when ``lend`` and fewer
+        than ``shm.LENT_SLOTS`` of these slots are held, else copied out; ``slots`` (at least
+        ``shm.LENT_SLOTS`` more than the tasks a worker has at once) leaves a free one either way."""
+        held = self._consumer_slots.held(self.slot_names)
+        busy = held.union(t.shm_name for t in self.outstanding.values())
+        name = next(name for name in self.slot_names if name not in busy)
+        if lend and len(held) < shm.LENT_SLOTS:
+            self._consumer_slots.hold(name)
+        return replace(task, shm_name=name)
 
     def send(self, task: BatchTask) -> None:
         self.outstanding[task.task_id] = task

@@ -2,7 +2,8 @@
 
 Guarantees: ``iter(ds)`` is ``iter(loader)`` (from the cursor to the end of that epoch,
 each batch once, in steadyfeed's order); every array becomes a tensor with
-``torch.from_numpy``, sharing the freshly allocated batch memory (no copy).
+``torch.from_numpy``, sharing the batch's memory (no copy): fresh memory, or a process
+worker's lent shared-memory slot, which is not written again while the tensor lives.
 
 Use it directly (``for batch in ds``) or as ``DataLoader(ds, batch_size=None,
 num_workers=0)``. Never give torch workers on top: steadyfeed's workers are the workers,

@@ -8,7 +8,10 @@ the sample id is ``i``. Optional extras the engine uses when present:
   ``len(ids)``), freshly allocated for the caller to keep (never a buffer the source
   reuses); with no transform the engine uses them as the batch, skipping all per-sample
   work. Sources that offer it get ``read_many`` from
-  :func:`split_rows`;
+  :func:`split_rows`. A ``read_batch(ids, allocate=None)`` also takes an allocator: given one,
+  it calls ``allocate({key: (shape, dtype)})`` once, for every column it returns, and returns
+  those arrays filled, so a process worker reads the batch straight into shared memory (see
+  :func:`read_columns`);
 * ``locate(i) -> str``: where sample ``i`` lives (a file path, a row), for error messages;
 * ``close()``: release file handles (called when a worker or the loader shuts down);
 * ``fingerprint() -> str``: changes whenever the data may have changed (paths, sizes,
@@ -22,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
+import inspect
 import os
 import threading
 import weakref
@@ -117,8 +122,15 @@ def file_fingerprint(paths) -> str:
     return digest.hexdigest()
 
 
-def read_columns(source: Any, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray] | None:
-    """The batch via ``source.read_batch`` when offered and well-formed, else None.
+# allocate(specs) -> {key: empty array}; specs is {key: (shape, dtype)} (read_batch's, and run_batch's)
+Allocator = Callable[[dict], dict]
+
+
+def read_columns(
+    source: Any, ids: Sequence[int] | np.ndarray, allocate: Allocator | None = None
+) -> dict[str, np.ndarray] | None:
+    """The batch via ``source.read_batch`` when offered and well-formed, else None; ``allocate``
+    is passed on to a ``read_batch`` that takes one (:func:`reads_into`).
 
     None means "take the per-sample path", which pins any failure on its sample id.
     """
@@ -126,7 +138,7 @@ def read_columns(source: Any, ids: Sequence[int] | np.ndarray) -> dict[str, np.n
     if fn is None or len(ids) == 0:
         return None
     try:
-        columns = fn(ids)
+        columns = fn(ids, allocate=allocate) if allocate is not None and reads_into(source) else fn(ids)
     except Exception:
         return None
     if not isinstance(columns, Mapping):
@@ -135,6 +147,19 @@ def read_columns(source: Any, ids: Sequence[int] | np.ndarray) -> dict[str, np.n
         if not isinstance(column, np.ndarray) or column.dtype == object or len(column) != len(ids):
             return None
     return dict(columns)
+
+
+def reads_into(source: Any) -> bool:
+    """Whether ``source.read_batch`` takes an ``allocate`` (the source protocol above)."""
+    return _takes_allocate(type(source))  # type: ignore[arg-type]  # classes hash
+
+
+@functools.cache
+def _takes_allocate(cls: Any) -> bool:  # a class (Any: mypy reads type[...] as unhashable)
+    try:
+        return "allocate" in inspect.signature(cls.read_batch).parameters
+    except (AttributeError, TypeError, ValueError):  # no such method, or one without a signature
+        return False
 
 
 def pread_fully(fd: int, view: memoryview, offset: int) -> int:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ..errors import DataError
-from .base import file_fingerprint
+from .base import Allocator, file_fingerprint
 from .listing import RelativePaths, cached_listing, list_tree
 
 if TYPE_CHECKING:
@@ -346,12 +346,24 @@ class ImageFolder(ImageReader):
             raise IndexError(f"sample id {i} out of range for ImageFolder of length {len(self._listing)}")
         return {"x": self.load(self._listing.path(i)), "y": self._label(i)}
 
-    def read_batch(self, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
+    def read_batch(self, ids: Sequence[int] | np.ndarray, allocate: Allocator | None = None) -> dict[str, np.ndarray]:
         """``{"x": (len(ids), h, w, channels) uint8, "y": int64 labels}``, decoded into one array
-        (see the class docstring); raises when an image fails or differs in shape from the first."""
+        (see the class docstring); raises when an image fails or differs in shape from the first.
+        ``allocate``: where the arrays go (the source protocol's, ``sources/base.py``)."""
         ids = self.check_ids(ids)
         paths = self._listing.paths(ids)
-        return {"x": decode_batch(self, ((self._bytes(p), p) for p in paths), len(ids)), "y": self.labels_of(ids)}
+        labels = self.labels_of(ids)
+        placed: dict[str, np.ndarray] = {}
+
+        def empty(shape: tuple) -> np.ndarray:
+            if allocate is None:
+                return np.empty(shape, np.uint8)
+            placed.update(allocate({"x": (shape, np.uint8), "y": (labels.shape, labels.dtype)}))
+            placed["y"][...] = labels
+            return placed["x"]
+
+        x = decode_batch(self, ((self._bytes(p), p) for p in paths), len(ids), empty)
+        return placed or {"x": x, "y": labels}
 
     def check_ids(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """``ids`` as int64, IndexError when one is out of range."""
@@ -400,17 +412,23 @@ class ImageFolder(ImageReader):
 ReadInto = Callable[[np.ndarray | None], np.ndarray]  # an image that reads itself into the given row, if it fits
 
 
-def decode_batch(reader: ImageReader, encoded: Iterable[tuple[bytes | ReadInto, str]], n: int) -> np.ndarray:
+def decode_batch(
+    reader: ImageReader,
+    encoded: Iterable[tuple[bytes | ReadInto, str]],
+    n: int,
+    empty: Callable[[tuple], np.ndarray] = lambda shape: np.empty(shape, np.uint8),
+) -> np.ndarray:
     """``n`` encoded images (``(bytes, name)`` pairs) decoded by ``reader`` into one
-    ``(n, h, w, channels)`` uint8 array, JPEGs of the output shape straight into their rows; the
-    first image sets the shape, and one of another shape raises DataError naming it. An image
-    given as a function is read by it (``read(into)``, as ``decode``'s ``into``: a pack's pixels)."""
+    ``(n, h, w, channels)`` uint8 array (made by ``empty(shape)``), JPEGs of the output shape
+    straight into their rows; the first image sets the shape, and one of another shape raises
+    DataError naming it. An image given as a function is read by it (``read(into)``, as
+    ``decode``'s ``into``: a pack's pixels)."""
     x: np.ndarray | None = None
     for row, (data, name) in enumerate(encoded):
         slot = None if x is None else x[row]
         image = data(slot) if callable(data) else reader.decode(data, name, into=slot)
         if x is None:
-            x = np.empty((n, *image.shape), np.uint8)
+            x = empty((n, *image.shape))
             x[0] = image
         elif image is not slot:
             if image.shape != x.shape[1:]:  # checked, not broadcast: (1, w, 3) would fill (h, w, 3)

@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 
 from ..errors import DataError
-from .base import LazyHandles, MappedFile, file_fingerprint, native, pread_fully
+from .base import Allocator, LazyHandles, MappedFile, file_fingerprint, native, pread_fully
 from .listing import Listing, RelativePaths, cached_listing, list_tree
 from .raw_rows import GAP_BYTES, RawRows, read_rows
 
@@ -108,8 +108,9 @@ def _read_into(fd: int, out: np.ndarray, offset: int, path: str) -> None:
         )
 
 
-def _read_stack(paths: list[str]) -> np.ndarray:
-    """The arrays in ``paths``, which must share shape and dtype, as rows of one new array.
+def _read_stack(paths: list[str], out: np.ndarray | None = None) -> np.ndarray:
+    """The arrays in ``paths``, which must share shape and dtype, as rows of one array: a new
+    one, or ``out`` (rows of the first file's shape and dtype, else ValueError).
 
     The first file is parsed and checked; every other file is read whole in one ``preadv``:
     its header into a scratch buffer, its data straight into its row, plus one byte past the
@@ -117,7 +118,7 @@ def _read_stack(paths: list[str]) -> np.ndarray:
     done: no parsing, no ``fstat``, three system calls. Anything else (another shape or
     dtype, a truncated or overlong file) takes the checked path, which names the problem.
     """
-    out, first = _read_first(paths[0], len(paths))
+    out, first = _read_first(paths[0], len(paths), out)
     if first.nbytes == 0 or len(paths) == 1:
         _read_rows_checked(paths, out, first, start=1)
         return out
@@ -134,16 +135,27 @@ def _read_stack(paths: list[str]) -> np.ndarray:
     return out
 
 
-def _read_first(path: str, n: int) -> tuple[np.ndarray, _Layout]:
+def _read_first(path: str, n: int, out: np.ndarray | None) -> tuple[np.ndarray, _Layout]:
     fd = os.open(path, os.O_RDONLY)
     try:
         layout = npy_layout(fd, path)
         if layout.order == "F" and len(layout.shape) > 1:
             raise ValueError(f"{path}: Fortran order: read one by one")
-        out = np.empty((n, *layout.shape), layout.dtype)
+        if out is None:
+            out = np.empty((n, *layout.shape), layout.dtype)
+        if out.shape != (n, *layout.shape) or out.dtype != layout.dtype:
+            raise ValueError(f"{path}: given rows of {out.dtype} {out.shape[1:]} for {layout.dtype} {layout.shape}")
         if layout.nbytes:
             _read_into(fd, out[0:1], layout.offset, path)  # a slice: 0-d rows stay views
         return out, layout
+    finally:
+        os.close(fd)
+
+
+def _layout_of(path: str) -> _Layout:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return npy_layout(fd, path)
     finally:
         os.close(fd)
 
@@ -263,12 +275,18 @@ class NpyPairs:
     def __getitem__(self, i: int) -> dict:
         return {key: read_npy(path) for key, path in self.paths(i).items()}
 
-    def read_batch(self, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
+    def read_batch(self, ids: Sequence[int] | np.ndarray, allocate: Allocator | None = None) -> dict[str, np.ndarray]:
         """The pairs for ``ids`` read straight into one array per key. Any file that differs from
         the first (shape, dtype, Fortran order) raises; the engine then reads one by one, which
-        names the sample."""
+        names the sample. ``allocate``: where the arrays go (the source protocol's,
+        ``sources/base.py``), asked once the first file of each key has given its layout."""
         names = [self._listing.relative(int(i)) for i in ids]
-        return {key: _read_stack([os.path.join(d, name) for name in names]) for key, d in self.dirs.items()}
+        paths = {key: [os.path.join(d, name) for name in names] for key, d in self.dirs.items()}
+        if allocate is None:
+            return {key: _read_stack(files) for key, files in paths.items()}
+        layouts = {key: _layout_of(files[0]) for key, files in paths.items()}
+        out = allocate({key: ((len(names), *layout.shape), layout.dtype) for key, layout in layouts.items()})
+        return {key: _read_stack(files, out[key]) for key, files in paths.items()}
 
     def locate(self, i: int) -> str:
         return ", ".join(self.paths(i).values())

@@ -1,0 +1,140 @@
+"""execution/batch.py: a source's ``read_batch(ids, allocate)`` reads straight into the batch.
+
+A process worker's batch goes into a shared-memory slot. A source whose ``read_batch`` takes
+an ``allocate`` is given one that places its columns there (with ``id`` beside them), so no
+copy follows; a source without it, or one asking for columns the batch cannot hold as they
+are, gets fresh arrays that are copied as before. The batch is the same either way.
+"""
+
+import numpy as np
+import pytest
+from helpers import label_of
+
+from steadyfeed.execution.batch import numpy_allocator, run_batch
+from steadyfeed.execution.task import BatchTask, StatusSlot, WorkContext
+from steadyfeed.sampling.plan import BatchSpec
+from steadyfeed.sources.images import ImageFolder
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Columns:
+    """Eight samples (x: 3 float64 from 3i, y: label_of(x)) read as columns; ``ask`` changes what
+    ``read_batch`` asks its allocator for (another key, another byte order)."""
+
+    def __init__(self, ask=lambda specs: specs):
+        self.x = np.arange(24, dtype=np.float64).reshape(8, 3)
+        self.ask, self.given = ask, []
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "y": label_of(self.x[i : i + 1])[0]}
+
+    def read_batch(self, ids, allocate=None):
+        self.given.append(allocate)
+        x, y = self.x[ids], label_of(self.x[ids])
+        if allocate is None:
+            return {"x": x, "y": y}
+        out = allocate(self.ask({"x": (x.shape, x.dtype), "y": (y.shape, y.dtype)}))
+        for key, column in (("x", x), ("y", y)):
+            out[key][...] = column
+        return {key: out[key] for key in ("x", "y")}
+
+
+class Recording:
+    """An allocator standing for a shared-memory slot: it keeps what it made."""
+
+    def __init__(self):
+        self.made = []
+
+    def __call__(self, specs):
+        self.made.append({key: np.full(shape, 77, dtype) for key, (shape, dtype) in specs.items()})
+        return self.made[-1]
+
+
+def run(source, allocate=numpy_allocator, ids=(5, 1, 6)):
+    ids = np.array(ids, np.int64)
+    task = BatchTask(0, 0, BatchSpec(0, ids, None, None, len(ids)))
+    result = run_batch(task, WorkContext(source, None, 0, 0, False), StatusSlot([-1, -1, 0.0]), allocate=allocate)
+    assert result.failures == () and result.arrays is not None
+    return result.arrays
+
+
+def expected(ids=(5, 1, 6)):
+    x = np.arange(24, dtype=np.float64).reshape(8, 3)[list(ids)]
+    return {"x": x, "y": label_of(x), "id": np.array(ids, np.int64)}
+
+
+def assert_batch(batch, ids=(5, 1, 6)):
+    assert sorted(batch) == ["id", "x", "y"]
+    for key, want in expected(ids).items():
+        np.testing.assert_array_equal(batch[key], want)
+        assert batch[key].dtype == want.dtype
+
+
+def test_columns_are_read_into_the_batch_itself():
+    source, slot = Columns(), Recording()
+    batch = run(source, slot)
+    assert_batch(batch)
+    assert len(slot.made) == 1 and all(batch[key] is slot.made[0][key] for key in ("x", "y", "id"))
+
+
+def test_batches_kept_in_the_workers_memory_offer_no_allocator():
+    source = Columns()
+    assert_batch(run(source))
+    assert source.given == [None]
+
+
+@pytest.mark.parametrize(
+    "ask",
+    [
+        lambda specs: {**specs, "id": ((3,), np.int64)},  # a column the batch names itself
+        lambda specs: {**specs, "x": (specs["x"][0], np.dtype(">f8"))},  # another byte order
+        lambda specs: {**specs, "x": ((2, 3), np.float64)},  # other than one row per id
+    ],
+    ids=["id-column", "big-endian", "rows"],
+)
+def test_columns_the_batch_cannot_hold_as_they_are_get_fresh_arrays_and_are_copied(ask):
+    source, slot = Columns(ask), Recording()
+    batch = run(source, slot)  # "rows": the source's own read_batch fails, and the batch is read per sample
+    assert_batch(batch)
+    assert all(batch[key] is slot.made[-1][key] for key in ("x", "y", "id"))  # the copy went into the slot
+
+
+def test_image_folder_decodes_into_the_batch(tmp_path):
+    from PIL import Image
+
+    for c, color in (("a", (200, 10, 10)), ("b", (10, 200, 10))):
+        (tmp_path / c).mkdir()
+        for k in range(3):
+            Image.new("RGB", (16, 12), color).save(tmp_path / c / f"{k}.jpg", quality=95)
+    source, slot = ImageFolder(str(tmp_path)), Recording()
+    batch = run(source, slot, ids=(4, 0, 3))
+    plain = source.read_batch(np.array([4, 0, 3]))
+    np.testing.assert_array_equal(batch["x"], plain["x"])
+    assert batch["y"].tolist() == [1, 0, 1] and batch["id"].tolist() == [4, 0, 3]
+    assert len(slot.made) == 1 and batch["x"] is slot.made[0]["x"] and batch["x"].shape == (3, 12, 16, 3)
+
+
+@pytest.mark.parametrize("first_order", ["<", ">"], ids=["native-first", "big-endian-first"])
+def test_npy_pairs_read_into_the_batch_unless_a_file_needs_another_byte_order(tmp_path, first_order):
+    from steadyfeed.sources.npy import NpyPairs
+
+    for d in ("x", "y"):
+        (tmp_path / d).mkdir()
+    for i in range(6):
+        order = first_order if i == 0 else "<"
+        np.save(tmp_path / "x" / f"{i}.npy", np.full((2, 3), i, np.dtype(f"{order}f4")))
+        np.save(tmp_path / "y" / f"{i}.npy", np.array([i * 10], np.int64))
+    source, slot = NpyPairs(str(tmp_path / "x"), str(tmp_path / "y")), Recording()
+    read, returned = source.read_batch, []
+    source.read_batch = lambda ids, allocate=None: returned.append(read(ids, allocate=allocate)) or returned[-1]
+    batch = run(source, slot, ids=(0, 4, 2))
+    assert batch["x"].dtype == np.float32 and batch["x"].dtype.isnative
+    assert batch["x"][:, 0, 0].tolist() == [0.0, 4.0, 2.0] and batch["y"][:, 0].tolist() == [0, 40, 20]
+    assert len(slot.made) == 1 and all(batch[key] is slot.made[0][key] for key in ("x", "y", "id"))
+    # native: read into the slot itself; big-endian first: into fresh arrays, copied in native order
+    assert (returned[0]["x"] is slot.made[0]["x"]) == (first_order == "<")
+    assert returned[0]["x"].dtype.str == f"{first_order}f4"
