@@ -81,11 +81,16 @@ class Listing:
     def path(self, i: int) -> str:
         return os.path.join(self.root, self.relative(i))
 
-    def paths(self, ids: np.ndarray) -> list[str]:
-        """``[self.path(i) for i in ids]``, the offsets looked up at once (a batch's files)."""
-        prefix, buffer, offsets = os.path.join(self.root, ""), self.buffer, self.offsets
+    def relatives(self, ids: np.ndarray) -> list[str]:
+        """``[self.relative(i) for i in ids]``, the offsets looked up at once (a batch's names)."""
+        buffer, offsets = self.buffer, self.offsets
         starts, ends = offsets[ids].tolist(), offsets[np.add(ids, 1)].tolist()
-        return [prefix + os.fsdecode(buffer[a:b].tobytes()) for a, b in zip(starts, ends)]
+        return [os.fsdecode(buffer[a:b].tobytes()) for a, b in zip(starts, ends)]
+
+    def paths(self, ids: np.ndarray) -> list[str]:
+        """``[self.path(i) for i in ids]`` (a batch's files)."""
+        prefix = os.path.join(self.root, "")
+        return [prefix + name for name in self.relatives(ids)]
 
     def same_names(self, other: Listing) -> bool:
         return np.array_equal(self.offsets, other.offsets) and np.array_equal(self.buffer, other.buffer)

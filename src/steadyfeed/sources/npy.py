@@ -247,6 +247,7 @@ class NpyPairs:
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.dirs = {"x": os.fspath(inputs_dir), "y": os.fspath(labels_dir)}
+        self._prefixes = {key: os.path.join(d, "") for key, d in self.dirs.items()}  # + a name: its file
         inputs = _npy_listing(self.dirs["x"], "inputs", cache_dir)
         labels = _npy_listing(self.dirs["y"], "labels", cache_dir)
         if not inputs.same_names(labels):
@@ -280,8 +281,8 @@ class NpyPairs:
         the first (shape, dtype, Fortran order) raises; the engine then reads one by one, which
         names the sample. ``allocate``: where the arrays go (the source protocol's,
         ``sources/base.py``), asked once the first file of each key has given its layout."""
-        names = [self._listing.relative(int(i)) for i in ids]
-        paths = {key: [os.path.join(d, name) for name in names] for key, d in self.dirs.items()}
+        names = self._listing.relatives(np.asarray(ids, np.int64))
+        paths = {key: [prefix + name for name in names] for key, prefix in self._prefixes.items()}
         if allocate is None:
             return {key: _read_stack(files) for key, files in paths.items()}
         layouts = {key: _layout_of(files[0]) for key, files in paths.items()}
