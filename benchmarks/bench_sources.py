@@ -1240,6 +1240,7 @@ def targets(key: str, results: list[Result]) -> list[tuple[str, bool | None]]:
         return [
             verdict(f"npy: steadyfeed best ({mine.setting}) / peer best ({peer.label})", mine.rate / peer.rate, 3.0),
             verdict(f"npy: steadyfeed best ({mine.setting}) / raw read by 2 processes", mine.rate / raw.rate, 0.8),
+            handoff_line("npy", mine, r[NPY_HANDOFF[0] + " " + NPY_HANDOFF[1]], raw, "raw read"),
             *auto_targets(key, r, ours),
         ]
     if key == "hdf5":
@@ -1303,6 +1304,16 @@ def hdf5_targets(r: dict[str, Result], ours: list[Result]) -> list[tuple[str, bo
     return lines
 
 
+def handoff_line(key: str, mine: Result, handoff: Result, limit: Result, what: str) -> tuple[str, None]:
+    """Reported: steadyfeed against the hand-off loop, and the loop against the limit (what any
+    loader that hands over every batch of 32 reaches on this machine)."""
+    return (
+        f"{key}: steadyfeed best ({mine.setting}) / hand-off loop: {mine.rate / handoff.rate:.2f}x; "
+        f"the loop / {what}: {handoff.rate / limit.rate:.2f}x (reported)",
+        None,
+    )
+
+
 def jpeg_targets(r: dict[str, Result], ours: list[Result]) -> list[tuple[str, bool | None]]:
     """Like against like: steadyfeed's fast DCT against tf.data's default (the same pixels, see
     jpeg_quality) and against the cores' decode limit; the accurate DCT against tf.data's."""
@@ -1337,6 +1348,7 @@ def jpeg_targets(r: dict[str, Result], ours: list[Result]) -> list[tuple[str, bo
             None,
         ),
     ]
+    lines.append(handoff_line("jpeg", fast, r[" ".join(JPEG_LIMITS[-1][:2])], limit, "2-core decode limit"))
     for label in ("thread w2", "w0"):  # the target is set on thread workers; w0 is reported
         plain, cached = r[f"steadyfeed {label}"], r[f"steadyfeed MemoryCache {label}, epoch 2+ (cached)"]
         fill = r[f"steadyfeed MemoryCache {label}, epoch 1 (fills)"]
