@@ -32,6 +32,10 @@ a process (spawned and started before any epoch), each doing only the unavoidabl
 its half (npy: read every byte, inputs and labels; jpeg: read, then decode with simplejpeg
 exactly as ImageFolder(fast=True) does), with no batches and no handoff; the epoch is the
 wall time until both are done. Their targets read "steadyfeed within X of the hardware".
+The hand-off loop (npy and jpeg) is the same work done by 2 processes in batches of 32, each
+batch made straight into a shared-memory slot and lent, in order, to this process, which
+checks it like any loader's and hands the slot back: what a loader that hands over every
+batch reaches on the machine, with no scheduler, no pickled tasks and no helper threads.
 
 Batch 32; each dataset runs in a fresh process (see ``run_in_child``). For npy and jpeg
 every loader is built first, then each runs a warm-up epoch (starts workers, fills the page cache: the data is read from memory, so this
