@@ -9,7 +9,7 @@ by size and re-attaches.
 
 A batch reaches the consumer without a copy: it is *lent*, its arrays views of its slot.
 The slot is then named for no task until the last of those arrays (and of any view of them)
-is gone, which a finalizer reports (``ConsumerSlots.lend``): a batch is never memory that
+is gone, which a finalizer reports (``ConsumerSlots``): a batch is never memory that
 is written again while any part of it is alive. At most ``LENT_SLOTS`` of a worker's slots
 are lent at once; a batch beyond that (a consumer keeping many batches) is copied out into
 fresh memory by the receiver thread (``receiver.py``), as every batch once was. Lending

@@ -32,8 +32,9 @@ Guarantees (TensorFlow, JAX and PyTorch backends; public Keras API only):
   A loader built without ``workers`` runs ``workers="auto"`` here (``execution/auto.py``).
 
 On the PyTorch backend the arrays reach Keras as ``torch.from_numpy`` tensors sharing the
-batch's memory (fresh, or a process worker's lent slot, held until the tensor goes): Keras's own conversion of a numpy batch copies it
-(``np.array(x)``) in the training thread, between two steps. Dtypes Keras converts specially
+batch's memory (fresh, or a process worker's lent slot, held until the tensor goes): Keras's
+own conversion of a numpy batch copies it (``np.array(x)``) in the training thread, between
+two steps. Dtypes Keras converts specially
 (``uint32``, ``bfloat16``), other byte orders, and read-only or non-contiguous arrays stay numpy.
 
 ``loader.state_dict()`` counts batches *handed to Keras*; on TF, ``tf.data`` prefetch pulls
