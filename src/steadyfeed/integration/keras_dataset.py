@@ -34,8 +34,8 @@ Guarantees (TensorFlow, JAX and PyTorch backends; public Keras API only):
 On the PyTorch backend the arrays reach Keras as ``torch.from_numpy`` tensors sharing the
 batch's memory (fresh, or a process worker's lent slot, held until the tensor goes): Keras's
 own conversion of a numpy batch copies it (``np.array(x)``) in the training thread, between
-two steps. Dtypes Keras converts specially
-(``uint32``, ``bfloat16``), other byte orders, and read-only or non-contiguous arrays stay numpy.
+two steps. Dtypes Keras converts specially (``uint32``, ``bfloat16``), other byte orders, and
+read-only or non-contiguous arrays stay numpy.
 
 ``loader.state_dict()`` counts batches *handed to Keras*; on TF, ``tf.data`` prefetch pulls
 ahead of training. ``LoaderCheckpoint`` counts batches *trained*.
