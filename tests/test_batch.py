@@ -9,6 +9,7 @@ are, gets fresh arrays that are copied as before. The batch is the same either w
 import numpy as np
 import pytest
 from helpers import label_of
+from PIL import Image
 
 from steadyfeed.execution.batch import numpy_allocator, run_batch
 from steadyfeed.execution.task import BatchTask, StatusSlot, WorkContext
@@ -54,6 +55,13 @@ class Recording:
         return self.made[-1]
 
 
+def spy(source) -> list:
+    """What ``source.read_batch`` returns, call by call (read into the batch: the slot's arrays)."""
+    read, returned = source.read_batch, []
+    source.read_batch = lambda ids, allocate=None: returned.append(read(ids, allocate=allocate)) or returned[-1]
+    return returned
+
+
 def run(source, allocate=numpy_allocator, ids=(5, 1, 6)):
     ids = np.array(ids, np.int64)
     task = BatchTask(0, 0, BatchSpec(0, ids, None, None, len(ids)))
@@ -76,9 +84,11 @@ def assert_batch(batch, ids=(5, 1, 6)):
 
 def test_columns_are_read_into_the_batch_itself():
     source, slot = Columns(), Recording()
+    returned = spy(source)
     batch = run(source, slot)
     assert_batch(batch)
     assert len(slot.made) == 1 and all(batch[key] is slot.made[0][key] for key in ("x", "y", "id"))
+    assert returned[0]["x"] is batch["x"]  # the source wrote the batch itself: no copy followed
 
 
 def test_batches_kept_in_the_workers_memory_offer_no_allocator():
@@ -104,18 +114,18 @@ def test_columns_the_batch_cannot_hold_as_they_are_get_fresh_arrays_and_are_copi
 
 
 def test_image_folder_decodes_into_the_batch(tmp_path):
-    from PIL import Image
-
     for c, color in (("a", (200, 10, 10)), ("b", (10, 200, 10))):
         (tmp_path / c).mkdir()
         for k in range(3):
             Image.new("RGB", (16, 12), color).save(tmp_path / c / f"{k}.jpg", quality=95)
     source, slot = ImageFolder(str(tmp_path)), Recording()
-    batch = run(source, slot, ids=(4, 0, 3))
     plain = source.read_batch(np.array([4, 0, 3]))
+    returned = spy(source)
+    batch = run(source, slot, ids=(4, 0, 3))
     np.testing.assert_array_equal(batch["x"], plain["x"])
     assert batch["y"].tolist() == [1, 0, 1] and batch["id"].tolist() == [4, 0, 3]
-    assert len(slot.made) == 1 and batch["x"] is slot.made[0]["x"] and batch["x"].shape == (3, 12, 16, 3)
+    assert len(slot.made) == 1 and returned[0]["x"] is slot.made[0]["x"] is batch["x"]  # decoded into it
+    assert batch["x"].shape == (3, 12, 16, 3)
 
 
 @pytest.mark.parametrize("first_order", ["<", ">"], ids=["native-first", "big-endian-first"])
@@ -129,8 +139,7 @@ def test_npy_pairs_read_into_the_batch_unless_a_file_needs_another_byte_order(tm
         np.save(tmp_path / "x" / f"{i}.npy", np.full((2, 3), i, np.dtype(f"{order}f4")))
         np.save(tmp_path / "y" / f"{i}.npy", np.array([i * 10], np.int64))
     source, slot = NpyPairs(str(tmp_path / "x"), str(tmp_path / "y")), Recording()
-    read, returned = source.read_batch, []
-    source.read_batch = lambda ids, allocate=None: returned.append(read(ids, allocate=allocate)) or returned[-1]
+    returned = spy(source)
     batch = run(source, slot, ids=(0, 4, 2))
     assert batch["x"].dtype == np.float32 and batch["x"].dtype.isnative
     assert batch["x"][:, 0, 0].tolist() == [0.0, 4.0, 2.0] and batch["y"][:, 0].tolist() == [0, 40, 20]
@@ -138,3 +147,25 @@ def test_npy_pairs_read_into_the_batch_unless_a_file_needs_another_byte_order(tm
     # native: read into the slot itself; big-endian first: into fresh arrays, copied in native order
     assert (returned[0]["x"] is slot.made[0]["x"]) == (first_order == "<")
     assert returned[0]["x"].dtype.str == f"{first_order}f4"
+
+
+def test_a_pack_of_images_half_held_decoded_reads_into_the_batch(tmp_path):
+    import steadyfeed as sf
+    from steadyfeed.sources.tfrecord import TFRecordSource
+
+    tree = tmp_path / "photos"
+    for c, color in (("a", (200, 10, 10)), ("b", (10, 200, 10))):
+        (tree / c).mkdir(parents=True)
+        for k in range(3):
+            Image.new("RGB", (16, 12), (color[0], color[1] + 20 * k, 30)).save(tree / c / f"{k}.jpg", quality=95)
+    folder = ImageFolder(str(tree))
+    packed = folder.from_encoded(
+        TFRecordSource(sf.pack(folder.encoded(decoded=0.5), tmp_path / "pack", progress=False))
+    )
+    slot, returned = Recording(), spy(packed)
+    batch = run(packed, slot, ids=(5, 0, 3, 2))
+    assert packed.decoded.holds(np.array([5, 0, 3, 2])).any() and not packed.decoded.holds(np.array([5, 0, 3, 2])).all()
+    np.testing.assert_array_equal(batch["x"], np.stack([folder[i]["x"] for i in (5, 0, 3, 2)]))
+    assert batch["y"].tolist() == [1, 0, 1, 0]
+    assert len(slot.made) == 1 and returned[0]["x"] is slot.made[0]["x"] is batch["x"]  # decoded into it
+    packed.close()

@@ -352,18 +352,7 @@ class ImageFolder(ImageReader):
         ``allocate``: where the arrays go (the source protocol's, ``sources/base.py``)."""
         ids = self.check_ids(ids)
         paths = self._listing.paths(ids)
-        labels = self.labels_of(ids)
-        placed: dict[str, np.ndarray] = {}
-
-        def empty(shape: tuple) -> np.ndarray:
-            if allocate is None:
-                return np.empty(shape, np.uint8)
-            placed.update(allocate({"x": (shape, np.uint8), "y": (labels.shape, labels.dtype)}))
-            placed["y"][...] = labels
-            return placed["x"]
-
-        x = decode_batch(self, ((self._bytes(p), p) for p in paths), len(ids), empty)
-        return placed or {"x": x, "y": labels}
+        return decode_columns(self, ((self._bytes(p), p) for p in paths), self.labels_of(ids), allocate)
 
     def check_ids(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """``ids`` as int64, IndexError when one is out of range."""
@@ -435,6 +424,28 @@ def decode_batch(
                 raise DataError(f"{name}: decoded to {image.shape}, the batch's first image to {x.shape[1:]}")
             x[row] = image
     return x if x is not None else np.empty((0, 0, 0, reader.channels), np.uint8)
+
+
+def decode_columns(
+    reader: ImageReader,
+    encoded: Iterable[tuple[bytes | ReadInto, str]],
+    labels: np.ndarray,
+    allocate: Allocator | None = None,
+) -> dict[str, np.ndarray]:
+    """``{"x": the images decoded by decode_batch, "y": labels}``, a batch of ``len(labels)``.
+    ``allocate`` (the source protocol's, ``sources/base.py``) makes both arrays at once, when
+    the first image has given the shape."""
+    placed: dict[str, np.ndarray] = {}
+
+    def empty(shape: tuple) -> np.ndarray:
+        if allocate is None:
+            return np.empty(shape, np.uint8)
+        placed.update(allocate({"x": (shape, np.uint8), "y": (labels.shape, labels.dtype)}))
+        placed["y"][...] = labels
+        return placed["x"]
+
+    x = decode_batch(reader, encoded, len(labels), empty)
+    return placed or {"x": x, "y": labels}
 
 
 def _check_size(size) -> tuple[int, int] | None:

@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError
-from .base import close_source
+from .base import Allocator, close_source
 from .decoded_pixels import DecodedPixels, write_decoded
-from .images import ImageFolder, _read, decode_batch
+from .images import ImageFolder, _read, decode_columns
 
 
 class EncodedImages:
@@ -97,17 +97,19 @@ class PackedImages:
             x = self.folder.decode(self.records[i]["x"], self.folder.locate(i))
         return {"x": x, "y": self.folder.labels_of(np.asarray([i]))[0]}
 
-    def read_batch(self, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
-        """``{"x": (len(ids), h, w, channels) uint8, "y": int64}``, as ``ImageFolder.read_batch``;
-        the images held decoded are read straight into their rows."""
+    def read_batch(self, ids: Sequence[int] | np.ndarray, allocate: Allocator | None = None) -> dict[str, np.ndarray]:
+        """``{"x": (len(ids), h, w, channels) uint8, "y": int64}``, as ``ImageFolder.read_batch``
+        (``allocate`` too); the images held decoded are read straight into their rows."""
         ids = self.folder.check_ids(ids)
         if self.decoded is None:
-            return self._batch(ids, np.zeros(len(ids), bool), None)
+            return self._batch(ids, np.zeros(len(ids), bool), None, allocate)
         held = self.decoded.holds(ids)
         with self.decoded.reading(ids[held]) as read:
-            return self._batch(ids, held, read)
+            return self._batch(ids, held, read, allocate)
 
-    def _batch(self, ids: np.ndarray, held: np.ndarray, read: Callable | None) -> dict[str, np.ndarray]:
+    def _batch(
+        self, ids: np.ndarray, held: np.ndarray, read: Callable | None, allocate: Allocator | None
+    ) -> dict[str, np.ndarray]:
         """The batch of ``ids``: those ``held`` decoded read by ``read(i, into)`` (None when none
         is held), the others decoded."""
         encoded = iter(self.records.read_bytes(ids[~held], "x"))
@@ -116,7 +118,7 @@ class PackedImages:
             (functools.partial(read, i) if h else next(encoded), "a packed image")  # type: ignore[arg-type, misc]
             for i, h in zip(ids.tolist(), held.tolist())
         )
-        return {"x": decode_batch(self.folder, images, len(ids)), "y": self.folder.labels_of(ids)}
+        return decode_columns(self.folder, images, self.folder.labels_of(ids), allocate)
 
     @property
     def data_files(self) -> list[str]:
