@@ -341,10 +341,11 @@ def _run(loader, chaos: Chaos, mode: str, epochs: int, n: int, rss_slack: int, p
                 batch["x"][:, 0] / batch["x"].shape[1], batch["id"]
             ):
                 problems.append(f"epoch {epoch}: a batch whose pairs are broken")
-            ids.append(batch["id"])
+            ids.append(batch["id"].copy())  # a copy: a view would keep a lent batch's slot (and its map)
             chaos.delivered()
             if mode == "process":
                 pids.update(p.pid for p in worker_processes())
+        batch = None  # no batch is held while resources are counted
         chaos.idle()  # nothing more happens until the next epoch's first batch
         report = loader.quarantine_report()
         new, seen = report[seen:], len(report)

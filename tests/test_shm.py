@@ -71,16 +71,28 @@ def test_a_batch_that_did_not_come_through_its_slot_ends_the_hold(slot):
 
 def test_a_lent_batch_stays_whole_after_its_slot_is_unlinked_and_unmaps_when_it_goes(slot):
     name, layout, worker, consumer = slot
-    fds = len(os.listdir("/proc/self/fd"))
     consumer.hold(name)
     batch = consumer.receive(name, layout)
     worker.close()
     consumer.discard([name])  # the worker is gone: its slot is unlinked at once
     assert name not in os.listdir("/dev/shm")
+    fds = len(os.listdir("/proc/self/fd"))
     np.testing.assert_array_equal(batch["x"], np.arange(15, dtype=np.float32).reshape(5, 3))
     batch["x"][0, 0] = 42.0  # still mapped, still writable
     del batch
-    assert len(os.listdir("/proc/self/fd")) < fds  # the map's own descriptor went with the batch
+    assert len(os.listdir("/proc/self/fd")) == fds - 1  # the batch's own mapping, and its descriptor, went with it
+
+
+def test_the_consumer_keeps_no_descriptor_for_a_slot_but_while_a_lent_batch_lives(slot):
+    name, layout, worker, consumer = slot
+    fds = len(os.listdir("/proc/self/fd"))
+    copied = consumer.receive(name, layout)
+    assert len(os.listdir("/proc/self/fd")) == fds
+    consumer.hold(name)
+    lent = [consumer.receive(name, layout)]
+    assert len(os.listdir("/proc/self/fd")) == fds + 1
+    lent.clear()
+    assert len(os.listdir("/proc/self/fd")) == fds and copied["x"].sum() == 105.0
 
 
 def _fresh_loader(**options):

@@ -39,7 +39,6 @@ import weakref
 from collections import deque
 from dataclasses import dataclass, replace
 from multiprocessing import shared_memory
-from typing import Any
 
 import numpy as np
 
@@ -222,19 +221,19 @@ class _Lent(np.ndarray):
 
 
 class ConsumerSlots:
-    """Consumer side: its mappings of the workers' slots, kept between batches, and the slots
-    lent out. A slot is *held* from the moment a task is told to write a lent batch into it
-    (``hold``, in the consumer's thread) until the last array of that batch is gone, or the
-    batch did not come through the slot (``receive``); a held slot is named for no task.
+    """Consumer side: the slots lent out. A slot is *held* from the moment a task is told to
+    write a lent batch into it (``hold``, in the consumer's thread) until the last array of
+    that batch is gone, or the batch did not come through the slot (``receive``); a held slot
+    is named for no task.
 
-    A mapping is an ``mmap`` of the slot: the arrays of a lent batch hold a buffer export on
-    it, so it cannot be unmapped under them (closing it raises instead); a mapping the consumer
-    lets go of while a batch is lent (a dead worker, a grown slot) stays until that batch goes."""
+    A lent batch is a mapping of its slot of its own (``_mapped``): its arrays hold a buffer
+    export on it, so nothing can unmap it under them, and it unmaps itself, closing its file
+    descriptor, when the last of them goes. The consumer keeps no other mapping, so it holds
+    no descriptor for a slot but while a batch lent from it lives."""
 
     lends = _posixshmem is not None  # elsewhere (Windows) batches are copied out, as SharedMemory maps them
 
     def __init__(self) -> None:
-        self._maps: dict[str, _Mapping] = {}
         self._lock = threading.Lock()  # receive runs in the receiver thread, discard in the consumer's
         self._held: set[str] = set()
         # slots whose lent batch is gone: appended by finalizers, in whichever thread dropped the
@@ -257,36 +256,23 @@ class ConsumerSlots:
         held, else copied out into fresh arrays. ``layout`` None (the batch did not come
         through the slot): nothing, and a hold on the slot ends."""
         with self._lock:
-            if layout is None:
-                self._held.discard(name)
-                return None
-            need = _end(layout)
-            whole = np.frombuffer(self._map(name, need).buf, np.uint8, count=need)
-            if name not in self._held or not self.lends:
-                self._held.discard(name)
-                return {key: view.copy() for key, view in _carve(whole, layout).items()}
-            self.lent += 1
-            whole = whole.view(_Lent)
-            weakref.finalize(whole, self._returned.append, name).atexit = False
-            return {key: view.view(np.ndarray) for key, view in _carve(whole, layout).items()}
+            if layout is not None and name in self._held and self.lends:
+                self.lent += 1
+                return self._lend(name, layout)
+            self._held.discard(name)
+            return None if layout is None else _copied(name, layout)
 
-    def _map(self, name: str, need: int) -> _Mapping:
-        m = self._maps.get(name)
-        if m is None or m.size < need:  # first use, or the worker grew the slot
-            if m is not None:
-                m.close()
-            m = self._maps[name] = _Mapping(name)
-        return m
+    def _lend(self, name: str, layout: list) -> dict[str, np.ndarray]:
+        whole = np.frombuffer(_mapped(name), np.uint8, count=_end(layout)).view(_Lent)
+        weakref.finalize(whole, self._returned.append, name).atexit = False
+        return {key: view.view(np.ndarray) for key, view in _carve(whole, layout).items()}
 
     def discard(self, names) -> None:
-        """Let go of and unlink slots whose worker stopped or died (whether or not they exist);
-        a batch lent from one stays whole until it goes."""
+        """Unlink slots whose worker stopped or died (whether or not they exist); a batch lent
+        from one stays whole until it goes."""
         with self._lock:
             for name in names:
                 self._held.discard(name)
-                m = self._maps.pop(name, None)
-                if m is not None:
-                    m.close()
                 try:
                     segment = shared_memory.SharedMemory(name=name)
                 except FileNotFoundError:
@@ -301,29 +287,24 @@ class ConsumerSlots:
                 segment.unlink()
 
 
-class _Mapping:
-    """The consumer's mapping of slot ``name``: an mmap (with a file descriptor of its own),
-    or, where slots are not lent (Windows), the SharedMemory that maps it by name."""
+def _mapped(name: str) -> mmap.mmap:
+    """A new mapping of slot ``name`` (POSIX), with a file descriptor of its own. Arrays made from
+    it with ``np.frombuffer`` keep it alive, and it unmaps itself when the last of them goes."""
+    assert _posixshmem is not None  # only where slots are lent
+    fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+    try:
+        return mmap.mmap(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
 
-    def __init__(self, name: str):
-        self._segment: shared_memory.SharedMemory | None = None
-        if _posixshmem is None:
-            self._segment = shared_memory.SharedMemory(name=name)
-            self.buf: Any = self._segment.buf
-        else:
-            fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
-            try:
-                self.buf = mmap.mmap(fd, os.fstat(fd).st_size)
-            finally:
-                os.close(fd)
-        self.size = len(self.buf)
 
-    def close(self) -> None:
-        """Unmap now, or, while a lent batch holds the map, when that batch goes."""
-        try:
-            (self._segment or self.buf).close()
-        except BufferError:
-            pass  # lent: dropped by us, the map closes itself with the batch's last array
+def _copied(name: str, layout: list) -> dict[str, np.ndarray]:
+    """The batch in slot ``name`` at ``layout``, copied out into fresh arrays."""
+    segment = shared_memory.SharedMemory(name=name)
+    try:
+        return {key: view.copy() for key, view in _views(segment, layout).items()}
+    finally:
+        segment.close()
 
 
 def _carve(whole: np.ndarray, layout: list) -> dict[str, np.ndarray]:

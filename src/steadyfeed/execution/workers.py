@@ -169,6 +169,7 @@ class ProcessWorker:
         self.wid = wid
         self.outstanding: OrderedDict[int, BatchTask] = OrderedDict()
         self.slot_names = [shm.slot_name(token, wid, k) for k in range(slots)]
+        self._named = 0  # slot_names[:_named] have been named for a task (so exist, or failed to)
         self._sender = sender  # sender.TaskSender: writes the tasks from a thread of its own
         self._consumer_slots = consumer_slots  # this worker's slots are unlinked there when it stops
         _check_not_bootstrapping()
@@ -219,7 +220,11 @@ class ProcessWorker:
         ``shm.LENT_SLOTS`` more than the tasks a worker has at once) leaves a free one either way."""
         held = self._consumer_slots.held(self.slot_names)
         busy = held.union(t.shm_name for t in self.outstanding.values())
-        name = next(name for name in self.slot_names if name not in busy)
+        # slots never named yet come first: a worker's first tasks make all of its slots, so how
+        # many it has (in /dev/shm) never depends on how many batches the consumer happens to hold
+        order = self.slot_names[self._named :] + self.slot_names[: self._named]
+        name = next(name for name in order if name not in busy)
+        self._named += name == order[0] and self._named < len(self.slot_names)
         if lend and len(held) < shm.LENT_SLOTS:
             self._consumer_slots.hold(name)
         return replace(task, shm_name=name)
