@@ -3,9 +3,10 @@
 Each worker process owns a few *slots*: segments named by the consumer
 (``slot_name``) and reused from batch to batch, so a batch costs no segment creation,
 no page faults on fresh memory and no unlink. The consumer tells the worker which slot
-to write for each task, never one that holds a batch still in use. A slot grows (unlink,
-then create bigger under the same name) when a batch does not fit; the consumer notices
-by size and re-attaches.
+to write for each task, never one that holds a batch still in use, and names each of a
+worker's slots once before it names any again (``ProcessWorker.with_free_slot``), so a
+worker's first tasks make all of its slots. A slot grows (unlink, then create bigger under
+the same name) when a batch does not fit.
 
 A batch reaches the consumer without a copy: it is *lent*, its arrays views of its slot.
 The slot is then named for no task until the last of those arrays (and of any view of them)
@@ -17,8 +18,8 @@ needs slots beyond the ``TASKS_PER_WORKER`` in flight; where shared memory has n
 one, lending stops and batches are copied again (the pool's decision; no pipes needed).
 
 Because the consumer knows every slot name, it unlinks them all when a worker stops
-or dies: no segment outlives the loader. A lent batch outlives its segment's name: its
-memory stays mapped until its last array goes, and the attachment is closed then.
+or dies: no segment outlives the loader. A lent batch outlives its segment's name: it is
+a mapping of its own, which stays until its last array goes.
 
 A segment's pages are reserved when it is made (``reserve``): shared memory is a tmpfs
 (Docker gives containers 64 MB by default), and a page that cannot be backed when first
