@@ -177,3 +177,23 @@ def test_batches_left_out_under_skip_are_named_when_keras_expects_more():
 def test_outside_an_epoch_nothing_is_taken():
     r = feed()
     assert r.run("G G N") == [None, None] and r.feed.loader.cursor == (0, 0)
+
+
+def test_batches_kept_for_serving_again_are_copies():
+    """A pass keeps its first KEEP batches for the whole pass; a process worker lends only a
+    few batches at once (``shm.LENT_SLOTS``) and copies the rest, so a kept lent batch would
+    cost every later batch a copy. The feed keeps copies; the batch served again is equal."""
+    loader = sf.Loader(sf.ArraySource(x=np.arange(40.0)), 4, with_ids=True, workers=2, mode="process")
+    try:
+        f = KerasFeed(loader)
+        f.length(), f.begin(), f.length()
+        probe = f.take()
+        f.length(), f.end()  # Keras's build probe: the pass is rolled back
+        f.begin(), f.length()
+        again = f.take()
+        f.end()
+    finally:
+        loader.close()
+    assert probe[0] == again[0] == (0, 0)
+    np.testing.assert_array_equal(again[1]["x"], probe[1]["x"])
+    assert not np.shares_memory(again[1]["x"], probe[1]["x"])

@@ -7,7 +7,7 @@ not from a separately instrumented copy.
 Stage times are summed over workers (``read``, ``transform``, ``collate`` in the
 workers; ``transport``, taking a batch out of shared memory (mapping it, or copying it
 when it is not lent), in the consumer's
-process: by its receiver thread in process mode, in its own thread with Ray), so
+process: in its own thread), so
 with N workers they can add up to N times the wall time. ``wait_seconds`` is the
 consumer's time blocked waiting for the next batch: the training loop's idle time.
 """

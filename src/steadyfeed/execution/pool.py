@@ -18,8 +18,8 @@ from ..stats import LoaderStats
 from ..units import human_bytes
 from . import shm
 from .batch import run_batch
+from .inbox import ResultInbox
 from .protocol import Done, Event, Lost
-from .receiver import ResultReceiver
 from .sender import TaskSender
 from .task import BatchResult, BatchTask, StatusSlot, WorkContext
 from .workers import ProcessWorker, ThreadWorker, process_context
@@ -64,6 +64,7 @@ class WorkerPool(InlinePool):
         self.size, self.timeout = size, timeout
         self.workers: dict = {}
         self._next_wid = 0
+        self._last_task: dict[int, int] = {}  # wid -> the id of the last task it was given
         try:
             for _ in range(size):
                 self._spawn()
@@ -108,8 +109,17 @@ class WorkerPool(InlinePool):
         return sum(TASKS_PER_WORKER - len(w.outstanding) for w in self.workers.values())
 
     def submit(self, task: BatchTask) -> None:
-        worker = min(self.workers.values(), key=lambda w: len(w.outstanding))
+        wid = self._least_busy()
+        self._last_task[wid] = task.task_id
+        worker = self.workers[wid]
         worker.send(self._prepare(task, worker))
+
+    def _least_busy(self) -> int:
+        """The worker with the fewest tasks; of equals, the one whose last task is oldest. A
+        consumer slower than its workers finds them all idle at every submit, and its batches
+        then go round them all, not all to the first: a process worker lends only so many
+        batches at once (``shm.LENT_SLOTS``), and copies the rest."""
+        return min(self.workers, key=lambda wid: (len(self.workers[wid].outstanding), self._last_task.get(wid, -1)))
 
     def wait(self, timeout: float) -> list[Event]:
         return self._collect(self._wait_interval(timeout)) + self._check()
@@ -165,24 +175,13 @@ class WorkerPool(InlinePool):
         return [self._lose(wid, "timeout", f"ran past timeout={self.timeout}s") for wid in late]
 
 
-class _OutboxPool(WorkerPool):
-    """Workers whose news arrives on one queue, ``self._outbox`` (made by the subclass before
-    its workers start): ``("done", wid, result)``, ``("died", wid, detail)``, and
-    ``("crashed", -1, traceback)`` from a helper thread. Waiting is one blocking ``get``."""
+class _MessagePool(WorkerPool):
+    """Workers whose news comes as messages: ``("done", wid, result)``, ``("died", wid,
+    detail)``, ``("short", wid, (slot, shortage))`` (process mode) and ``("crashed", -1,
+    traceback)`` from a helper thread. A subclass collects them (``_collect``)."""
 
-    _outbox: queue.SimpleQueue
-
-    def _collect(self, timeout: float) -> list[Event]:
-        if timeout <= 0 and self._outbox.empty():
-            return []  # the common case of drain(): nothing new, no exception raised and caught
-        events = []
-        try:
-            message = self._outbox.get(timeout=timeout)
-            while True:
-                events.extend(self._handle(*message))
-                message = self._outbox.get_nowait()
-        except queue.Empty:
-            return events
+    def _events(self, messages) -> list[Event]:
+        return [event for message in messages for event in self._handle(*message)]
 
     def _handle(self, kind: str, wid: int, payload) -> list[Event]:
         if kind == "crashed":
@@ -201,25 +200,38 @@ class _OutboxPool(WorkerPool):
         raise RuntimeError("steadyfeed bug: a pool without shared memory reported a shortage of it")
 
 
-class ThreadPool(_OutboxPool):
+class ThreadPool(_MessagePool):
+    """Worker threads; their news arrives on one queue, so waiting is one blocking ``get``."""
+
     def __init__(self, ctx: WorkContext, size: int, timeout: float | None):
-        self._outbox = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         super().__init__(ctx, size, timeout)
+
+    def _collect(self, timeout: float) -> list[Event]:
+        if timeout <= 0 and self._outbox.empty():
+            return []  # the common case of drain(): nothing new, no exception raised and caught
+        messages = []
+        try:
+            messages.append(self._outbox.get(timeout=timeout))
+            while True:
+                messages.append(self._outbox.get_nowait())
+        except queue.Empty:
+            return self._events(messages)
 
     def _new_worker(self, wid: int) -> ThreadWorker:
         return ThreadWorker(wid, self.ctx, self._outbox)
 
 
-class ProcessPool(_OutboxPool):
-    """Worker processes. Two threads keep the pipes off the consumer's thread (the training
-    loop): a sender writes the tasks (``sender.py``), a receiver takes the results in and
-    copies each batch out of shared memory before the consumer asks for it (``receiver.py``).
+class ProcessPool(_MessagePool):
+    """Worker processes. The consumer's thread writes their tasks (``sender.py``) and, when it
+    waits or drains, takes their results off the pipes and their batches out of shared memory,
+    lent or copied (``inbox.py``).
 
     Batches travel through shared memory, or, with ``transport="pipe"`` or once shared memory
     proved too small for a batch under ``"auto"``, through the workers' pipes: a task names no
-    slot then (``_prepare``). The fallback is the pool's decision, made once, in the consumer's
-    thread, from a worker's ``Shortage`` report (``_short_of_shm``); ``stats`` records it, so
-    a later pool of the same loader starts on pipes."""
+    slot then (``_prepare``). The fallback is the pool's decision, made once, from a worker's
+    ``Shortage`` report (``_short_of_shm``); ``stats`` records it, so a later pool of the same
+    loader starts on pipes."""
 
     def __init__(
         self,
@@ -237,14 +249,9 @@ class ProcessPool(_OutboxPool):
         self._token = shm.owner_token()
         self._slots = shm.ConsumerSlots()
         self._lent_counted = 0  # of self._slots.lent, in self._stats
-        self._outbox = queue.SimpleQueue()
-        self._receiver = ResultReceiver(self._slots, self._outbox, ctx.niceness)
-        try:
-            self._sender = TaskSender(self._outbox, ctx.niceness)
-        except BaseException:  # Ctrl-C while it started: the receiver runs already
-            self._receiver.stop()
-            raise
-        super().__init__(ctx, size, timeout)  # stops both threads itself if a worker fails to start
+        self._inbox = ResultInbox(self._slots)
+        self._sender = TaskSender(ctx.niceness)
+        super().__init__(ctx, size, timeout)  # shuts itself down if a worker fails to start
 
     def _new_worker(self, wid: int) -> ProcessWorker:
         try:
@@ -259,7 +266,7 @@ class ProcessPool(_OutboxPool):
                 exc.shortage.free,
                 exc.shortage.total,
             ) from None
-        self._receiver.watch(wid, worker.conn, worker.sentinel)
+        self._inbox.watch(wid, worker.conn, worker.sentinel)
         return worker
 
     def _prepare(self, task: BatchTask, worker: ProcessWorker) -> BatchTask:
@@ -307,12 +314,16 @@ class ProcessPool(_OutboxPool):
         self._stats.transport, self._stats.transport_fallback = "pipe", message
         warnings.warn(message, RuntimeWarning, stacklevel=2)
 
+    def _collect(self, timeout: float) -> list[Event]:
+        self._sender.check()
+        return self._events(self._inbox.collect(timeout))
+
     def shutdown(self) -> None:
         try:
             super().shutdown()
         finally:
             self._sender.stop()
-            self._receiver.stop()
+            self._inbox.close()
 
 
 def make_pool(

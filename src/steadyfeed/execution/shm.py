@@ -13,7 +13,7 @@ The slot is then named for no task until the last of those arrays (and of any vi
 is gone, which a finalizer reports (``ConsumerSlots``): a batch is never memory that
 is written again while any part of it is alive. At most ``LENT_SLOTS`` of a worker's slots
 are lent at once; a batch beyond that (a consumer keeping many batches) is copied out into
-fresh memory by the receiver thread (``receiver.py``), as every batch once was. Lending
+fresh memory in the consumer's thread (``inbox.py``), as every batch once was. Lending
 needs slots beyond the ``TASKS_PER_WORKER`` in flight; where shared memory has no room for
 one, lending stops and batches are copied again (the pool's decision; no pipes needed).
 
@@ -35,7 +35,6 @@ import errno
 import mmap
 import os
 import sys
-import threading
 import weakref
 from collections import deque
 from dataclasses import dataclass, replace
@@ -235,7 +234,6 @@ class ConsumerSlots:
     lends = _posixshmem is not None  # elsewhere (Windows) batches are copied out, as SharedMemory maps them
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()  # receive runs in the receiver thread, discard in the consumer's
         self._held: set[str] = set()
         # slots whose lent batch is gone: appended by finalizers, in whichever thread dropped the
         # last array (the cyclic GC included), so behind no lock; drained by ``held``
@@ -256,12 +254,11 @@ class ConsumerSlots:
         """The batch in slot ``name`` at ``layout``: lent (views of the slot) when the slot is
         held, else copied out into fresh arrays. ``layout`` None (the batch did not come
         through the slot): nothing, and a hold on the slot ends."""
-        with self._lock:
-            if layout is not None and name in self._held and self.lends:
-                self.lent += 1
-                return self._lend(name, layout)
-            self._held.discard(name)
-            return None if layout is None else _copied(name, layout)
+        if layout is not None and name in self._held and self.lends:
+            self.lent += 1
+            return self._lend(name, layout)
+        self._held.discard(name)
+        return None if layout is None else _copied(name, layout)
 
     def _lend(self, name: str, layout: list) -> dict[str, np.ndarray]:
         whole = np.frombuffer(_mapped(name), np.uint8, count=_end(layout)).view(_Lent)
@@ -271,21 +268,20 @@ class ConsumerSlots:
     def discard(self, names) -> None:
         """Unlink slots whose worker stopped or died (whether or not they exist); a batch lent
         from one stays whole until it goes."""
-        with self._lock:
-            for name in names:
-                self._held.discard(name)
-                try:
-                    segment = shared_memory.SharedMemory(name=name)
-                except FileNotFoundError:
-                    continue
-                except ValueError:  # "cannot mmap an empty file"
-                    # The worker died between creating the segment and sizing it, so before it
-                    # registered it with the resource tracker (and our attach failed before that
-                    # too): unlink it by name, or it stays in /dev/shm for good.
-                    _unlink_name(name)
-                    continue
-                segment.close()
-                segment.unlink()
+        for name in names:
+            self._held.discard(name)
+            try:
+                segment = shared_memory.SharedMemory(name=name)
+            except FileNotFoundError:
+                continue
+            except ValueError:  # "cannot mmap an empty file"
+                # The worker died between creating the segment and sizing it, so before it
+                # registered it with the resource tracker (and our attach failed before that
+                # too): unlink it by name, or it stays in /dev/shm for good.
+                _unlink_name(name)
+                continue
+            segment.close()
+            segment.unlink()
 
 
 def _mapped(name: str) -> mmap.mmap:

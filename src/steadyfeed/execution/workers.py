@@ -170,7 +170,7 @@ class ProcessWorker:
         self.outstanding: OrderedDict[int, BatchTask] = OrderedDict()
         self.slot_names = [shm.slot_name(token, wid, k) for k in range(slots)]
         self._named = 0  # slot_names[:_named] have been named for a task (so exist, or failed to)
-        self._sender = sender  # sender.TaskSender: writes the tasks from a thread of its own
+        self._sender = sender  # sender.TaskSender: writes the tasks
         self._consumer_slots = consumer_slots  # this worker's slots are unlinked there when it stops
         _check_not_bootstrapping()
         # status cells live in a tiny segment of ours (not multiprocessing's heap, whose
@@ -244,7 +244,10 @@ class ProcessWorker:
         return detail if code is None else f"worker process exited with code {code}{_signal_name(code)}"
 
     def signal_stop(self) -> None:
+        """Ask the worker to exit when its current task is done, without waiting: a worker busy
+        writing a result no one reads any more may never read its pipe (``stop`` ends it anyway)."""
         try:
+            os.set_blocking(self.conn.fileno(), False)
             self.conn.send(None)
         except (OSError, ValueError):
             pass

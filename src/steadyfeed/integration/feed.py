@@ -22,7 +22,8 @@ replays the call sequences each backend makes; ``tests/keras_scripts`` runs real
   ``on_epoch_end``), and a fit stopped by ``stop_training``, an exception or Ctrl-C leaves its
   epoch open (the next call's first ``num_batches`` reads arrive inside it). Either way the
   epoch's pass, if Keras had not taken all of it, is rolled back: the next pass starts where
-  it started. Its first ``KEEP`` batches are served again from memory (the same arrays);
+  it started. Its first ``KEEP`` batches are served again from memory (copies, made as they
+  were served: a batch a process worker lent must not keep its slot for a whole pass);
   a longer one is recomputed from the loader (bit-identical, at the cost of restarting its
   workers). On TensorFlow, ``tf.data`` pulls ahead in threads of its own, so a pass counts
   as incomplete whatever it served;
@@ -45,10 +46,20 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..errors import DataError
 
 KEEP = 4  # batches of each pass kept for serving again after a rollback (a build probe takes 1)
 Position = tuple  # (epoch, index): a batch of the loader's plan, or a cursor
+
+
+def _detached(batch: Any) -> Any:
+    """``batch`` with its arrays copied, so that keeping it holds no memory lent by a worker
+    (``execution/shm.py``: a worker lends only a few batches at once, and copies the rest)."""
+    if not isinstance(batch, dict):
+        return batch
+    return {key: value.copy() if isinstance(value, np.ndarray) else value for key, value in batch.items()}
 
 
 @dataclass
@@ -140,7 +151,7 @@ class KerasFeed:
             epoch.taken += 1
             epoch.pulled_elsewhere |= threading.get_ident() != epoch.opener
             if len(current.kept) < KEEP:
-                current.kept.append((position, after, batch))
+                current.kept.append((position, after, _detached(batch)))
             self._trained.append(after)
             for follower in self._followers:
                 follower.append((position, batch))
