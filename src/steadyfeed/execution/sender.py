@@ -24,11 +24,11 @@ Guarantees:
 from __future__ import annotations
 
 import os
+import pickle
 import queue
 import threading
 import traceback
 from multiprocessing.connection import Connection
-from multiprocessing.reduction import ForkingPickler
 
 from .task import BatchTask
 from .workers import JOIN_SECONDS, lower_priority
@@ -49,7 +49,9 @@ class TaskSender:
         return Connection(os.dup(conn.fileno()))
 
     def send(self, pipe: Connection, task: BatchTask) -> None:
-        payload = ForkingPickler.dumps(task)  # what Connection.send writes; the worker's recv reads it
+        # a plain pickle: a task holds nothing that needs ForkingPickler's reducers, and the
+        # worker's Connection.recv reads any pickle
+        payload = pickle.dumps(task, pickle.HIGHEST_PROTOCOL)
         if id(pipe) not in self._queued and len(payload) <= DIRECT_BYTES:
             try:
                 pipe.send_bytes(payload)

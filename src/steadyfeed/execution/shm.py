@@ -32,6 +32,7 @@ follows (``pool.ProcessPool``: fall back to pipes, or raise).
 from __future__ import annotations
 
 import errno
+import math
 import mmap
 import os
 import sys
@@ -148,7 +149,7 @@ def layout_of(specs: dict) -> tuple[list, int]:
     for key, (shape, dtype) in specs.items():
         dtype = np.dtype(dtype)
         layout.append((key, dtype.str, tuple(shape), offset))
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         offset += -(-nbytes // _ALIGN) * _ALIGN
     return layout, offset
 
@@ -307,9 +308,7 @@ def _copied(name: str, layout: list) -> dict[str, np.ndarray]:
 def _carve(whole: np.ndarray, layout: list) -> dict[str, np.ndarray]:
     """The arrays of ``layout`` as views of ``whole`` (a slot's bytes)."""
     return {
-        key: whole[offset : offset + np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64))]
-        .view(dtype)
-        .reshape(shape)
+        key: whole[offset : offset + np.dtype(dtype).itemsize * math.prod(shape)].view(dtype).reshape(shape)
         for key, dtype, shape, offset in layout
     }
 
@@ -325,7 +324,7 @@ def _unlink_name(name: str) -> None:
 
 def _end(layout: list) -> int:
     key, dtype, shape, offset = layout[-1]
-    return offset + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return offset + math.prod(shape) * np.dtype(dtype).itemsize
 
 
 def create_status(name: str) -> shared_memory.SharedMemory:

@@ -121,10 +121,13 @@ def _process_main(conn, status_name: str, ctx: WorkContext) -> None:
             if task is None:
                 return
             if task.shm_name is None:  # batches go by pipe: made in this process's memory
-                conn.send(ShippedResult(portable(run_batch(task, ctx, status)), None, None))
-                continue
-            allocate = slots.allocator(task.shm_name)
-            conn.send(allocate.ship(portable(run_batch(task, ctx, status, allocate=allocate))))
+                shipped = ShippedResult(portable(run_batch(task, ctx, status)), None, None)
+            else:
+                allocate = slots.allocator(task.shm_name)
+                shipped = allocate.ship(portable(run_batch(task, ctx, status, allocate=allocate)))
+            # a plain pickle (arrays by protocol 5 in-band): a result holds nothing that needs
+            # ForkingPickler's reducers, whose dispatch table Connection.send copies per message
+            conn.send_bytes(pickle.dumps(shipped, pickle.HIGHEST_PROTOCOL))
     finally:
         del status
         status_segment.close()
