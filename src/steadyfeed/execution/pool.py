@@ -177,17 +177,13 @@ class WorkerPool(InlinePool):
 
 class _MessagePool(WorkerPool):
     """Workers whose news comes as messages: ``("done", wid, result)``, ``("died", wid,
-    detail)``, ``("short", wid, (slot, shortage))`` (process mode) and ``("crashed", -1,
-    traceback)`` from a helper thread. A subclass collects them (``_collect``)."""
+    detail)`` and, in process mode, ``("short", wid, (slot, shortage))``. A subclass collects
+    them (``_collect``)."""
 
     def _events(self, messages) -> list[Event]:
         return [event for message in messages for event in self._handle(*message)]
 
     def _handle(self, kind: str, wid: int, payload) -> list[Event]:
-        if kind == "crashed":
-            raise RuntimeError(
-                f"steadyfeed bug: a thread of the pool that sends tasks or receives results failed:\n{payload}"
-            )
         if kind == "died":
             worker = self.workers.get(wid)
             return [] if worker is None else [self._lose(wid, "died", worker.death_detail(payload))]
