@@ -26,10 +26,10 @@ def test_the_consumers_thread_writes_tasks_and_takes_results_in(monkeypatch, no_
     taken_in, threads_seen = [], set()
     receive = shm.ConsumerSlots.receive
 
-    def recording(self, name, layout):
+    def recording(self, name, layout, generation=0):
         taken_in.append(threading.current_thread().name)
         threads_seen.update(t.name for t in threading.enumerate())
-        return receive(self, name, layout)
+        return receive(self, name, layout, generation)
 
     monkeypatch.setattr(shm.ConsumerSlots, "receive", recording)
     with Loader(paired_source(64), 4, workers=2, mode="process", with_ids=True, inline_when_faster=False) as loader:

@@ -83,16 +83,36 @@ def test_a_lent_batch_stays_whole_after_its_slot_is_unlinked_and_unmaps_when_it_
     assert len(os.listdir("/proc/self/fd")) == fds - 1  # the batch's own mapping, and its descriptor, went with it
 
 
-def test_the_consumer_keeps_no_descriptor_for_a_slot_but_while_a_lent_batch_lives(slot):
+def test_the_consumer_maps_a_slot_once_and_keeps_one_descriptor_for_it_until_discarded(slot):
     name, layout, worker, consumer = slot
     fds = len(os.listdir("/proc/self/fd"))
-    copied = consumer.receive(name, layout)
-    assert len(os.listdir("/proc/self/fd")) == fds
+    copied = consumer.receive(name, layout, 1)
+    assert len(os.listdir("/proc/self/fd")) == fds + 1  # mapped at its first batch
     consumer.hold(name)
-    lent = [consumer.receive(name, layout)]
-    assert len(os.listdir("/proc/self/fd")) == fds + 1
+    lent = [consumer.receive(name, layout, 1)]
+    assert len(os.listdir("/proc/self/fd")) == fds + 1  # the same mapping: no fault-in per batch
     lent.clear()
+    consumer.discard([name])
     assert len(os.listdir("/proc/self/fd")) == fds and copied["x"].sum() == 105.0
+
+
+def test_a_slot_created_again_under_its_name_is_mapped_again(slot):
+    """A slot that must grow is unlinked and created again, bigger, under the same name; one
+    that found no room is created again later, maybe smaller. Either way the old mapping shows
+    the old segment: the worker's count of creations tells the consumer to map the new one."""
+    name, layout, worker, consumer = slot
+    consumer.hold(name)
+    old = consumer.receive(name, layout, worker.generations[name])
+    allocate = worker.allocator(name)
+    arrays = allocate({"x": ((50, 3), np.float32), "id": ((50,), np.int64)})  # too big: created again
+    arrays["x"][:] = -1.0
+    arrays["id"][:] = np.arange(50)
+    del arrays
+    assert worker.generations[name] == 2
+    new = consumer.receive(name, allocate.layout, worker.generations[name])
+    assert new["x"].shape == (50, 3) and (new["x"] == -1.0).all() and new["id"].tolist() == list(range(50))
+    np.testing.assert_array_equal(old["x"], np.arange(15, dtype=np.float32).reshape(5, 3))  # still whole
+    del old, new
 
 
 def _fresh_loader(**options):

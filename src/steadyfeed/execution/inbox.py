@@ -89,7 +89,7 @@ class ResultInbox:
         if shipped.shm_name is None:
             return shipped.result
         t0 = time.perf_counter()
-        arrays = self._slots.receive(shipped.shm_name, shipped.layout)
+        arrays = self._slots.receive(shipped.shm_name, shipped.layout, shipped.generation)
         if shipped.layout is None:  # not in the slot
             return shipped.result
         return shipped.result.received(arrays, time.perf_counter() - t0)

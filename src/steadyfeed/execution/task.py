@@ -124,6 +124,7 @@ class ShippedResult:
     layout: list | None
     shm_name: str | None
     shortage: Any = None
+    generation: int = 0  # how many times the worker had created slot ``shm_name`` (it grows by re-creation)
 
 
 class StatusSlot:
