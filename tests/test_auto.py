@@ -41,6 +41,14 @@ def test_gil_bound_work_gets_processes_unless_batches_are_cheaper_than_shipping_
     assert cheap.mode == "thread" and "less than shipping it from a process" in cheap.reason
 
 
+def test_work_that_threads_scale_only_partly_gets_processes():
+    """JPEG batches (2.5 ms, two threads 1.13-1.59x as fast as one in short probes) and npy
+    pairs (0.6 ms, per-file Python) ran faster on processes, which lend their batches."""
+    jpeg = auto.choose(probe(batch_ms=2.5, speedup=1.45), cores=2, budget=None, no_processes=ALWAYS)
+    npy = auto.choose(probe(batch_ms=0.6, speedup=1.0), cores=2, budget=None, no_processes=ALWAYS)
+    assert jpeg.mode == npy.mode == "process"
+
+
 def test_processes_are_asked_about_only_when_they_would_be_picked_and_a_refusal_keeps_threads():
     asked = []
     refuse = lambda: asked.append(1) or "the source does not pickle"  # noqa: E731

@@ -35,10 +35,14 @@ from dataclasses import asdict, dataclass
 from ..config import Mode
 
 # of the 2x two threads could give: GIL-bound work gives about 1x (or less); JPEG batches gave
-# 1.13x-1.59x in short probes on the 2-core VM, and run about as fast on threads as on processes:
-# processes (a start-up, pickling, a copy per batch) only when threads clearly do not scale
-THREADS_SCALE = 1.1
-PROCESS_WORTH_SECONDS = 0.001  # a batch cheaper than this costs less to make than to ship from a process
+# 1.13x-1.59x in short probes on the 2-core VM. Since process workers lend their batches (no
+# copy) and the consumer's thread talks to them directly (no thread hop), processes are as fast
+# as threads or faster on JPEG (19.5k against 16.1k images/s) and npy pairs (65k against 49k),
+# whose per-file Python holds the GIL: threads only when they scale nearly as two cores do
+THREADS_SCALE = 1.6
+# a batch cheaper than this costs less to make than to ship from a process (~0.2 ms of CPU a
+# batch, the consumer's and the worker's together; page-cached HDF5 rows cost ~0.04 ms)
+PROCESS_WORTH_SECONDS = 0.0004
 MEMORY_SHARE = 4  # without max_inflight_bytes, queued batches may take 1/4 of the memory available
 RECHECK_RATIO = 4.0  # a batch cost this many times higher or lower than measured: measure again
 MIN_BATCHES_FOR_RECHECK = 16  # batches made since the choice before their cost is compared with it
@@ -56,7 +60,7 @@ class AutoChoice:
     mode: Mode
     reason: str
     cores: int
-    batch_seconds: float | None  # one batch made in the consumer (mean of the timed ones)
+    batch_seconds: float | None  # one batch made in the consumer (median of the timed ones)
     thread_speedup: float | None  # two batches in two threads, against one after the other
     batch_bytes: int | None
 
@@ -112,8 +116,8 @@ class Probe:
 
 def measure(make: Callable[[int], int], batches: int) -> Probe:
     """``make(k)`` makes batch ``k`` in the calling thread and returns its bytes. Batch 0 warms
-    up, the next ``TIMED_BATCHES`` are timed one after the other, then two threads make
-    ``THREAD_BATCHES`` each at once."""
+    up, the next ``TIMED_BATCHES`` are timed one after the other (their median is a batch's
+    cost), then two threads make ``THREAD_BATCHES`` each at once."""
     needed = 1 + TIMED_BATCHES + 2 * THREAD_BATCHES
     if batches < needed:
         return Probe(None, None, None)
@@ -126,7 +130,9 @@ def measure(make: Callable[[int], int], batches: int) -> Probe:
             seconds.append(time.perf_counter() - t0)
     except Exception:  # noqa: BLE001 - the epoch meets it again, under the loader's on_error
         return Probe(None, None, None)
-    return Probe(statistics.mean(seconds), _in_two_threads(make, 1 + TIMED_BATCHES), batch_bytes)
+    # the median: one batch slowed by a cold file or a page cache still filling would make two
+    # threads look like they scale (npy pairs: 1.77x, for work that holds the GIL)
+    return Probe(statistics.median(seconds), _in_two_threads(make, 1 + TIMED_BATCHES), batch_bytes)
 
 
 def _in_two_threads(make: Callable[[int], int], first: int) -> float | None:
