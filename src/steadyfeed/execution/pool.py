@@ -156,6 +156,7 @@ class WorkerPool(InlinePool):
 
     def _lose(self, wid: int, cause: str, detail: str) -> Lost:
         worker = self.workers.pop(wid)
+        self._last_task.pop(wid, None)
         try:
             running, detail = self._last_status(worker, cause, detail)  # before it is stopped: where it was
         finally:  # even when finding that out raises (a Ray cluster found gone): release what it holds

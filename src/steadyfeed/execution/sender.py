@@ -39,7 +39,7 @@ DIRECT_BYTES = 64 * 1024  # the largest task written from the consumer's thread
 class TaskSender:
     def __init__(self, niceness: int):
         self._niceness = niceness
-        self._queued: set[int] = set()  # the pipes (by id) whose tasks go through the thread
+        self._queued: set[Connection] = set()  # the pipes whose tasks go through the thread
         self._thread: threading.Thread | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._crashed: str | None = None  # the thread's traceback, if it failed
@@ -52,20 +52,20 @@ class TaskSender:
         # a plain pickle: a task holds nothing that needs ForkingPickler's reducers, and the
         # worker's Connection.recv reads any pickle
         payload = pickle.dumps(task, pickle.HIGHEST_PROTOCOL)
-        if id(pipe) not in self._queued and len(payload) <= DIRECT_BYTES:
+        if pipe not in self._queued and len(payload) <= DIRECT_BYTES:
             try:
                 pipe.send_bytes(payload)
             except OSError:
                 pass  # the worker died: its sentinel says so, and the task runs elsewhere
             return
-        self._queued.add(id(pipe))
+        self._queued.add(pipe)
         self._start()
         self._queue.put((pipe, payload))
 
     def forget(self, pipe: Connection) -> None:
         """Close ``pipe`` once the tasks sent to it before are written (or have failed)."""
-        if id(pipe) in self._queued:
-            self._queued.discard(id(pipe))
+        if pipe in self._queued:
+            self._queued.discard(pipe)
             self._queue.put((pipe, None))
         else:
             pipe.close()

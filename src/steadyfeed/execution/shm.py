@@ -18,8 +18,8 @@ needs slots beyond the ``TASKS_PER_WORKER`` in flight; where shared memory has n
 one, lending stops and batches are copied again (the pool's decision; no pipes needed).
 
 Because the consumer knows every slot name, it unlinks them all when a worker stops
-or dies: no segment outlives the loader. A lent batch outlives its segment's name: it is
-a mapping of its own, which stays until its last array goes.
+or dies: no segment outlives the loader. A lent batch outlives its segment's name: it holds
+the consumer's mapping of the slot, which stays until the batch's last array goes.
 
 A segment's pages are reserved when it is made (``reserve``): shared memory is a tmpfs
 (Docker gives containers 64 MB by default), and a page that cannot be backed when first
