@@ -58,9 +58,10 @@ def test_processes_are_asked_about_only_when_they_would_be_picked_and_a_refusal_
     assert choice.mode == "thread" and "processes cannot be used: the source does not pickle" in choice.reason
 
 
-def test_the_memory_budget_bounds_the_workers_by_two_queued_batches_each():
-    choice = auto.choose(probe(batch_bytes=10 * MB), cores=8, budget=45 * MB, no_processes=ALWAYS)
-    assert choice.workers == 2 and "2 queued batches of 10,485,760 bytes each fit" in choice.reason
+def test_the_memory_budget_bounds_the_workers_by_their_queued_batches():
+    # PREFETCH_PER_WORKER (4) batches of 10 MB each: 85 MB holds two workers' worth, not three
+    choice = auto.choose(probe(batch_bytes=10 * MB), cores=8, budget=85 * MB, no_processes=ALWAYS)
+    assert choice.workers == 2 and "4 queued batches of 10,485,760 bytes each fit" in choice.reason
     assert auto.choose(probe(batch_bytes=100 * MB), cores=8, budget=MB, no_processes=ALWAYS).workers == 1
 
 

@@ -55,6 +55,10 @@ SPEC_FILE = """
         return Loader(_source(), 16)
 
 
+    def fast_window_of_4():  # the window a short run fills: the epoch's last batches drain it
+        return Loader(_source(), 16, prefetch=4)
+
+
     def slow():
         return Loader(_source(), 8, transform=slow_transform)
 
@@ -152,7 +156,16 @@ def test_a_slow_transform_is_named_producer_bound(spec, capsys, no_leaks):
 
 def test_a_slow_consumer_is_named_consumer_bound_with_a_full_queue(spec, capsys, no_leaks):
     code, report = bench_json(
-        capsys, spec("fast"), "--workers", "2", "--modes", "thread", "--max-batches", "15", "--consumer-ms", "20"
+        capsys,
+        spec("fast_window_of_4"),
+        "--workers",
+        "2",
+        "--modes",
+        "thread",
+        "--max-batches",
+        "15",
+        "--consumer-ms",
+        "20",
     )
     assert code == 0
     setting = report["settings"][0]
@@ -242,8 +255,9 @@ def test_a_window_too_short_for_the_cpu_clock_has_no_cpu_figure():
 
 
 def test_the_window_opens_once_the_loader_has_decided_who_makes_batches(no_leaks):
-    x = np.arange(2000 * 4, dtype=np.float32).reshape(2000, 4)
-    loader = Loader(ArraySource(x=x, y=x.sum(axis=1)), 8)  # 250 batches
+    x = np.arange(4000 * 4, dtype=np.float32).reshape(4000, 4)
+    # 500 batches: the decision (~130 batches with the default prefetch) ends before half of them
+    loader = Loader(ArraySource(x=x, y=x.sum(axis=1)), 8)
     m = measure(loader, Setting(2, "thread"), max_batches=40)
     # cheap batches: the loader probes making them itself (some dozens of batches) first; the
     # window holds only what it decided, all made one way, never the probe's mix

@@ -6,7 +6,7 @@ that epoch in the consumer (``Loader.peek``: exactly the batches iteration gives
 few more in two threads at once, and picks:
 
 * **how many**: the usable cores (``os.sched_getaffinity``), at most as many as the
-  prefetch queue's batches (2 per worker) fit in a memory budget: ``max_inflight_bytes``
+  prefetch queue's batches (``PREFETCH_PER_WORKER``) fit in a memory budget: ``max_inflight_bytes``
   when given, else a quarter of the memory available now;
 * **the mode**: ``"thread"`` when two threads made batches at least ``THREADS_SCALE``
   times as fast as one did one after the other (the work releases the GIL: decoders, file
@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from ..config import Mode
+from ..config import PREFETCH_PER_WORKER, Mode
 
 # of the 2x two threads could give: GIL-bound work gives about 1x (or less); JPEG batches gave
 # 1.13x-1.59x in short probes on the 2-core VM. Since process workers lend their batches (no
@@ -177,10 +177,13 @@ def choose(probe: Probe, cores: int, budget: int | None, no_processes: Callable[
     mode, reason = _mode(probe, cores, speedup, no_processes)
     workers = cores
     if budget is not None and probe.batch_bytes:
-        fit = max(1, budget // (2 * probe.batch_bytes))  # 2 batches queued per worker
+        fit = max(1, budget // (PREFETCH_PER_WORKER * probe.batch_bytes))
         if fit < workers:
             workers = int(fit)
-            reason += f"; {workers} worker(s): 2 queued batches of {probe.batch_bytes:,} bytes each fit {budget:,}"
+            reason += (
+                f"; {workers} worker(s): {PREFETCH_PER_WORKER} queued batches of {probe.batch_bytes:,} bytes "
+                f"each fit {budget:,}"
+            )
     return AutoChoice(workers, mode, reason, cores, probe.batch_seconds, speedup, probe.batch_bytes)
 
 

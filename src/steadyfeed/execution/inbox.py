@@ -50,13 +50,13 @@ class ResultInbox:
 
     def collect(self, timeout: float) -> list[Message]:
         """What the workers sent, waiting up to ``timeout`` seconds for something (0: only what
-        is there already)."""
+        is there already): one message from each pipe that has one. A pipe holding more is
+        ready again at the next call, which the consumer makes before it waits or hands a
+        batch over; a second select here, to empty it now, cost more than it found."""
         messages: list[Message] = []
-        while ready := self._selector.select(timeout):
-            for key, _ in ready:
-                wid, kind = key.data
-                self._ready(wid, kind, messages)
-            timeout = 0  # then whatever else is there already: a pipe may hold several results
+        for key, _ in self._selector.select(timeout):
+            wid, kind = key.data
+            self._ready(wid, kind, messages)
         return messages
 
     def close(self) -> None:

@@ -32,19 +32,20 @@ follows (``pool.ProcessPool``: fall back to pipes, or raise).
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import mmap
 import os
 import sys
 import weakref
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from multiprocessing import shared_memory
 
 import numpy as np
 
 from ..units import exact_bytes, human_bytes
-from .task import BatchResult, ShippedResult
+from .task import BatchResult, ShippedResult, evolved
 
 try:
     # Private: multiprocessing.shared_memory's own POSIX binding, the only way to unlink a
@@ -143,18 +144,21 @@ def owner_token() -> str:
     return f"{os.getpid():x}{os.urandom(2).hex()}"
 
 
-def layout_of(specs: dict) -> tuple[list, int]:
-    """Where each array lies in a segment: [(key, dtype, shape, offset)], and the total size."""
+Layout = tuple[tuple[str, str, tuple[int, ...], int], ...]  # (key, dtype, shape, offset) per array
+
+
+def layout_of(specs: dict) -> tuple[Layout, int]:
+    """Where each array lies in a segment: ((key, dtype, shape, offset), ...), and the total size."""
     layout, offset = [], 0
     for key, (shape, dtype) in specs.items():
         dtype = np.dtype(dtype)
         layout.append((key, dtype.str, tuple(shape), offset))
         nbytes = math.prod(shape) * dtype.itemsize
         offset += -(-nbytes // _ALIGN) * _ALIGN
-    return layout, offset
+    return tuple(layout), offset
 
 
-def _views(segment: shared_memory.SharedMemory, layout: list) -> dict[str, np.ndarray]:
+def _views(segment: shared_memory.SharedMemory, layout: Layout) -> dict[str, np.ndarray]:
     return {
         key: np.ndarray(shape, np.dtype(dtype), buffer=segment.buf, offset=offset)
         for key, dtype, shape, offset in layout
@@ -168,7 +172,7 @@ class SlotAllocator:
 
     def __init__(self, slots: WorkerSlots, name: str):
         self._slots, self.name = slots, name
-        self.layout: list | None = None
+        self.layout: Layout | None = None
         self.shortage: Shortage | None = None
 
     def __call__(self, specs: dict) -> dict:
@@ -186,7 +190,7 @@ class SlotAllocator:
         if self.layout is None or result.arrays is None:  # not in the slot: the arrays, if any, go by pipe
             return ShippedResult(result, None, self.name, self.shortage)
         generation = self._slots.generations[self.name]
-        return ShippedResult(replace(result, arrays=None), self.layout, self.name, generation=generation)
+        return ShippedResult(evolved(result, arrays=None), self.layout, self.name, generation=generation)
 
 
 class WorkerSlots:
@@ -260,7 +264,7 @@ class ConsumerSlots:
             self._held.discard(self._returned.popleft())
         return self._held.intersection(names)
 
-    def receive(self, name: str, layout: list | None, generation: int = 0) -> dict[str, np.ndarray] | None:
+    def receive(self, name: str, layout: Layout | None, generation: int = 0) -> dict[str, np.ndarray] | None:
         """The batch in slot ``name`` (as created the ``generation``-th time) at ``layout``: lent
         (views of the slot) when the slot is held, else copied out into fresh arrays. ``layout``
         None (the batch did not come through the slot): nothing, and a hold on the slot ends."""
@@ -269,13 +273,14 @@ class ConsumerSlots:
             return None
         if not self.lends:
             return _copied(name, layout)
-        whole = np.frombuffer(self._mapping(name, generation), np.uint8, count=_end(layout))
+        end, cuts = _cuts(layout)
+        whole = np.frombuffer(self._mapping(name, generation), np.uint8, count=end)
         if name not in self._held:
-            return {key: view.copy() for key, view in _carve(whole, layout).items()}
+            return {key: view.copy() for key, view in _carve(whole, cuts).items()}
         self.lent += 1
         lent = whole.view(_Lent)
         weakref.finalize(lent, self._returned.append, name).atexit = False
-        return {key: view.view(np.ndarray) for key, view in _carve(lent, layout).items()}
+        return {key: view.view(np.ndarray) for key, view in _carve(lent, cuts).items()}
 
     def _mapping(self, name: str, generation: int) -> mmap.mmap:
         kept = self._maps.get(name)
@@ -315,7 +320,7 @@ def _mapped(name: str) -> mmap.mmap:
         os.close(fd)
 
 
-def _copied(name: str, layout: list) -> dict[str, np.ndarray]:
+def _copied(name: str, layout: Layout) -> dict[str, np.ndarray]:
     """The batch in slot ``name`` at ``layout``, copied out into fresh arrays."""
     segment = shared_memory.SharedMemory(name=name)
     try:
@@ -324,12 +329,23 @@ def _copied(name: str, layout: list) -> dict[str, np.ndarray]:
         segment.close()
 
 
-def _carve(whole: np.ndarray, layout: list) -> dict[str, np.ndarray]:
-    """The arrays of ``layout`` as views of ``whole`` (a slot's bytes)."""
-    return {
-        key: whole[offset : offset + np.dtype(dtype).itemsize * math.prod(shape)].view(dtype).reshape(shape)
+Cuts = tuple[tuple[str, np.dtype, tuple[int, ...], int, int], ...]  # (key, dtype, shape, start, stop)
+
+
+@functools.lru_cache(maxsize=64)
+def _cuts(layout: Layout) -> tuple[int, Cuts]:
+    """Where ``layout``'s arrays end, and their byte ranges with parsed dtypes: a worker's batches
+    share a few layouts, so they are worked out once, not for every batch received."""
+    cuts = tuple(
+        (key, np.dtype(dtype), shape, offset, offset + np.dtype(dtype).itemsize * math.prod(shape))
         for key, dtype, shape, offset in layout
-    }
+    )
+    return cuts[-1][4], cuts
+
+
+def _carve(whole: np.ndarray, cuts: Cuts) -> dict[str, np.ndarray]:
+    """The arrays of a layout (its ``_cuts``) as views of ``whole`` (a slot's bytes)."""
+    return {key: whole[start:stop].view(dtype).reshape(shape) for key, dtype, shape, start, stop in cuts}
 
 
 def _unlink_name(name: str) -> None:
@@ -339,11 +355,6 @@ def _unlink_name(name: str) -> None:
         _posixshmem.shm_unlink("/" + name)
     except FileNotFoundError:
         pass
-
-
-def _end(layout: list) -> int:
-    key, dtype, shape, offset = layout[-1]
-    return offset + math.prod(shape) * np.dtype(dtype).itemsize
 
 
 def create_status(name: str) -> shared_memory.SharedMemory:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -28,6 +28,17 @@ class Stage(enum.IntEnum):
 
     READING_BATCH = -1  # inside source.read_many / read_batch for the whole batch
     COLLATING = -2  # writing the batch out
+
+
+def evolved(record, **changes):
+    """``dataclasses.replace(record, **changes)`` for this module's records, which run no
+    ``__post_init__`` and keep their fields in ``__dict__``. A few are made again for every
+    batch, and ``replace`` (which reads the fields anew and calls ``__init__``) costs several
+    times more than this copy."""
+    assert changes.keys() <= record.__dict__.keys(), f"no such field: {changes.keys() - record.__dict__.keys()}"
+    new = object.__new__(type(record))
+    new.__dict__.update(record.__dict__, **changes)
+    return new
 
 
 @dataclass(frozen=True)
@@ -109,7 +120,7 @@ class BatchResult:
 
     def received(self, arrays: dict[str, np.ndarray] | None, transport_seconds: float) -> BatchResult:
         """This result with the arrays a transport delivered and the time that took."""
-        return replace(self, arrays=arrays, timings={**self.timings, "transport": transport_seconds})
+        return evolved(self, arrays=arrays, timings={**self.timings, "transport": transport_seconds})
 
 
 @dataclass(frozen=True)
@@ -121,7 +132,7 @@ class ShippedResult:
     which is why this batch came by pipe."""
 
     result: BatchResult  # with arrays=None when they are in the slot
-    layout: list | None
+    layout: tuple | None  # a shm.Layout
     shm_name: str | None
     shortage: Any = None
     generation: int = 0  # how many times the worker had created slot ``shm_name`` (it grows by re-creation)

@@ -27,7 +27,7 @@ from ..errors import RemoteError
 from ..sources.base import close_source
 from . import shm
 from .batch import run_batch
-from .task import BatchResult, BatchTask, Running, ShippedResult, StatusSlot, WorkContext
+from .task import BatchResult, BatchTask, Running, ShippedResult, StatusSlot, WorkContext, evolved
 
 JOIN_SECONDS = 2.0
 EXIT_SECONDS = 0.5  # how long a worker whose pipe closed gets to show its exit code
@@ -138,6 +138,8 @@ def _process_main(conn, status_name: str, ctx: WorkContext) -> None:
 def portable(result: BatchResult) -> BatchResult:
     """``result`` ready to leave its process: an exception that cannot be pickled back to the
     consumer becomes a RemoteError carrying its type and message."""
+    if not result.failures:
+        return result
     failures = tuple(replace(f, exception=_picklable(f.exception)) for f in result.failures)
     return replace(result, failures=failures)
 
@@ -230,7 +232,7 @@ class ProcessWorker:
         self._named += name == order[0] and self._named < len(self.slot_names)
         if lend and len(held) < shm.LENT_SLOTS:
             self._consumer_slots.hold(name)
-        return replace(task, shm_name=name)
+        return evolved(task, shm_name=name)
 
     def send(self, task: BatchTask) -> None:
         self.outstanding[task.task_id] = task

@@ -42,6 +42,27 @@ class BatchSpec:
     pad_to: int | None  # rows the batch must have under last_batch="pad"
     num_real: int  # ids[num_real:] are fillers, read only to give padded rows a shape (masked)
 
+    def __reduce__(self):
+        # ids and draws as their bytes: a task is pickled for every batch, and an array's own
+        # reduce (numpy's reconstructor, its dtype) cost more than the rest of the task together
+        return (_spec, (self.index, _packed(self.ids), _packed(self.draws), self.pad_to, self.num_real))
+
+
+def _packed(ids: np.ndarray | None) -> tuple[str, bytes] | None:
+    return None if ids is None else (ids.dtype.str, ids.tobytes())
+
+
+def _unpacked(packed: tuple[str, bytes] | None) -> np.ndarray | None:
+    # a copy: writable, as the consumer's arrays are (a source may sort the ids it is given)
+    return None if packed is None else np.frombuffer(packed[1], packed[0]).copy()
+
+
+def _spec(index: int, ids: tuple[str, bytes], draws: tuple[str, bytes] | None, pad_to: int | None, num_real: int):
+    """A BatchSpec unpickled (``BatchSpec.__reduce__``)."""
+    unpacked = _unpacked(ids)
+    assert unpacked is not None  # every batch has ids
+    return BatchSpec(index, unpacked, _unpacked(draws), pad_to, num_real)
+
 
 def shard_size(length: int, shard_index: int, shard_count: int, last_batch: str) -> int:
     """How many positions of an order of ``length`` shard ``shard_index`` takes (its real samples)."""
