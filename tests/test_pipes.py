@@ -2,6 +2,8 @@
 and takes results in; a task too big to write without waiting goes through a thread, and no
 task overtakes another; a failure of that thread surfaces instead of hanging."""
 
+import os
+import pickle
 import threading
 from multiprocessing import Pipe
 
@@ -11,7 +13,7 @@ from helpers import assert_paired, paired_source
 
 from steadyfeed import Loader
 from steadyfeed.execution import inbox, sender, shm
-from steadyfeed.execution.task import BatchTask
+from steadyfeed.execution.task import BatchResult, BatchTask, ShippedResult
 from steadyfeed.sampling.plan import BatchSpec
 
 pytestmark = pytest.mark.timeout(60)
@@ -99,3 +101,29 @@ def test_a_failure_taking_a_result_in_raises_where_the_consumer_iterates(monkeyp
     with Loader(paired_source(64), 4, workers=2, mode="process", inline_when_faster=False) as loader:
         with pytest.raises(KeyError, match="a bug taking a result in"):
             list(loader)
+
+
+@pytest.mark.parametrize("sentinel_first", [False, True], ids=["pipe-then-exit", "exit-seen-first"])
+def test_a_result_sent_before_the_worker_ended_is_taken_in_before_its_end(sentinel_first):
+    """A worker that writes its result and exits: whichever of its pipe and its process
+    sentinel the select lists first, the result comes through (not re-run), then its end."""
+    box = inbox.ResultInbox(shm.ConsumerSlots())
+    ours, theirs = Pipe()
+    ended, exits = os.pipe()  # the sentinel: readable once the write end closes, as a process's on exit
+    box.watch(7, ours, ended)
+    try:
+        if sentinel_first:
+            os.close(exits)
+        result = BatchResult(3, 0, {"x": np.arange(4)}, (), {})
+        theirs.send_bytes(pickle.dumps(ShippedResult(result, None, None)))
+        theirs.close()
+        if not sentinel_first:
+            os.close(exits)
+        messages = box.collect(5.0)
+        assert [(kind, wid) for kind, wid, _ in messages] == [("done", 7), ("died", 7)]
+        np.testing.assert_array_equal(messages[0][2].arrays["x"], np.arange(4))
+        assert box.collect(0) == []  # its handles are closed: nothing more from it
+    finally:
+        box.close()
+        ours.close()
+        os.close(ended)

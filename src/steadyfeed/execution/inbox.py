@@ -14,7 +14,7 @@ Guarantees:
   result)`` with the batch already out of its slot (lent or copied: ``shm.ConsumerSlots``;
   or as it came, by pipe), preceded by ``("short", wid, (slot name, shm.Shortage))`` when
   shared memory had no room for its slot; a worker's end (its pipe closing, its process
-  exiting) as one ``("died", wid, detail)``;
+  exiting) as one ``("died", wid, detail)``, after every whole result it sent before it;
 * it reads its own duplicates of each worker's pipe and sentinel, and closes them when it
   sees that worker end (or at ``close``): the pool closing a lost worker's handles never
   leaves a closed descriptor registered here, and a "died" for a worker the pool already
@@ -68,11 +68,20 @@ class ResultInbox:
         if wid not in self._watching:  # ended earlier in this round: its other handle is stale
             return
         if kind == "ended":
-            self._end(wid, "worker process exited", messages)
+            # what it sent before it exited comes first: a result already written is kept, not
+            # re-run, whichever of the pipe and the sentinel the select listed first
+            pipe = self._watching[wid][0]
+            while wid in self._watching and pipe.poll(0):
+                self._take_in(wid, pipe, messages)
+            if wid in self._watching:
+                self._end(wid, "worker process exited", messages)
             return
-        pipe = self._watching[wid][0]
+        self._take_in(wid, self._watching[wid][0], messages)  # one message: the next select sees the rest
+
+    def _take_in(self, wid: int, pipe: Connection, messages: list[Message]) -> None:
+        """Read one message off worker ``wid``'s pipe into ``messages``, or its end."""
         try:
-            shipped = pipe.recv()  # one message per readiness: the next select sees the rest
+            shipped = pipe.recv()
         except (EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
             self._end(wid, f"worker pipe closed ({type(exc).__name__})", messages)
             return

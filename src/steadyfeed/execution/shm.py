@@ -340,7 +340,7 @@ def _cuts(layout: Layout) -> tuple[int, Cuts]:
         (key, np.dtype(dtype), shape, offset, offset + np.dtype(dtype).itemsize * math.prod(shape))
         for key, dtype, shape, offset in layout
     )
-    return cuts[-1][4], cuts
+    return (cuts[-1][4] if cuts else 0), cuts
 
 
 def _carve(whole: np.ndarray, cuts: Cuts) -> dict[str, np.ndarray]:
