@@ -96,8 +96,8 @@ def test_batches_that_fit_stay_in_shared_memory():
 
 def test_no_room_to_lend_copies_batches_out_and_keeps_shared_memory():
     """Lending needs slots beyond the two of the tasks in flight. One worker, 3 MiB batches, all
-    kept: its two task slots and three more fit the 16 MiB, the sixth does not. Lending stops
-    (stats say why), batches are copied out of the slots they have, and no pipe is needed."""
+    kept: five of its slots fit the 16 MiB, the sixth does not. Lending stops (stats say why),
+    batches are copied out of the slots they have, and no pipe is needed."""
     code = (
         SCRIPT.format(transport="auto")
         .replace("BigSource(12, 8 << 20)", "BigSource(36, 1 << 20)")
@@ -118,7 +118,7 @@ def test_no_room_to_lend_copies_batches_out_and_keeps_shared_memory():
     stats = out["stats"]
     assert (stats["transport"], stats["transport_fallback"], out["warnings"]) == ("shm", None, [])
     assert "/dev/shm has" in stats["lending_stopped"] and "copied out" in stats["lending_stopped"]
-    assert 0 < stats["lent_batches"] <= 4
+    assert 0 < stats["lent_batches"] <= 5  # at most one a slot that fits
     assert out["left"] == []
 
 

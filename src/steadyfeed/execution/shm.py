@@ -56,7 +56,11 @@ except ImportError:  # Windows: a segment goes away with its last handle, nothin
     _posixshmem = None
 
 PREFIX = "sf"
-LENT_SLOTS = 4  # a worker's batches the consumer may hold as views of their slots at once; more are copied
+# A worker's batches the consumer may hold as views of their slots at once; more are copied. The
+# default prefetch window (config.PREFETCH_PER_WORKER, 4 a worker) plus the batch or two a
+# training loop holds: with 4, a window full of ready batches in `fit` (a consumer slower than its
+# workers) had 1 in 5 of them copied out instead of lent.
+LENT_SLOTS = 6
 _ALIGN = 64
 PLACE = "/dev/shm" if sys.platform.startswith("linux") else "shared memory"  # where shm_open's segments live
 _FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
