@@ -1,12 +1,13 @@
 """build_plan on its own: the plan of one epoch for one shard, for any order, size and policy."""
 
 import math
+import pickle
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from steadyfeed.sampling.plan import LAST_BATCH_POLICIES, build_plan
+from steadyfeed.sampling.plan import LAST_BATCH_POLICIES, BatchSpec, build_plan
 
 
 def plans(order, batch_size, shard_count, last_batch, with_draws=False):
@@ -118,3 +119,16 @@ def test_batches_computed_in_blocks_are_the_same_in_any_order_of_access(
                 assert (got.num_real, got.pad_to, got.index) == (want.num_real, want.pad_to, want.index)
     finally:
         plan_module.BLOCK_IDS = saved
+
+
+def test_a_batch_spec_pickles_to_equal_writable_ids_and_draws():
+    """Process workers get their specs by pickle (ids as bytes: ``BatchSpec.__reduce__``): the
+    same ids and draws, int64, writable as the consumer's are (a source may sort what it gets)."""
+    spec = BatchSpec(3, np.array([7, 2, 9], np.int64), np.array([0, 5, 1], np.int64), 4, 3)
+    for copy in (pickle.loads(pickle.dumps(spec, protocol)) for protocol in (2, pickle.HIGHEST_PROTOCOL)):
+        assert (copy.index, copy.pad_to, copy.num_real) == (3, 4, 3)
+        np.testing.assert_array_equal(copy.ids, spec.ids)
+        np.testing.assert_array_equal(copy.draws, spec.draws)
+        assert copy.ids.dtype == np.int64 and copy.ids.flags.writeable and copy.draws.flags.writeable
+        copy.ids.sort()
+    assert pickle.loads(pickle.dumps(BatchSpec(0, np.arange(2), None, None, 2))).draws is None
