@@ -308,7 +308,12 @@ def test_a_batch_whose_worker_died_never_runs_in_the_consumer(monkeypatch, marke
     the next killing sample would take down with it."""
     scripted(monkeypatch, [True] + [False] * 99)  # the first window goes to workers, then none
     source = PidRecordingSource(40, kill={9}, watch={8, 9, 10, 11}, marker_dir=marker_dir, slow=0.002)
-    with Loader(source, 4, workers=2, mode="process", inline_when_faster=True, with_ids=True, retries=1) as loader:
+    # a window of 4 of the 10 batches: the switch comes as the second batch is handed out, and
+    # the batches planned after it (6 to 9 at least) are the consumer's (with the default 8,
+    # workers fast enough to take 8 and 9 before then left none)
+    with Loader(
+        source, 4, workers=2, mode="process", prefetch=4, inline_when_faster=True, with_ids=True, retries=1
+    ) as loader:
         ids = np.concatenate([b["id"] for b in loader])
         assert loader.stats()["inline_batches"] > 0
     assert sorted(ids.tolist()) == list(range(40))
