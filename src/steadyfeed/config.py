@@ -31,7 +31,7 @@ from .sampling.plan import LAST_BATCH_POLICIES, LastBatch
 # execution/pool.py), and batches that came back out of order, or before the consumer asked,
 # wait in the same window; with two per worker those waiting batches took the queued tasks'
 # places, and workers idled for tasks (npy pairs, 2 process workers on 2 cores: a quarter of
-# their tasks found none queued; 4 per worker gave 1.10-1.15x the pairs/s, JPEG 1.03x). A process
+# their tasks found none queued; 4 per worker gave 1.1-1.2x the pairs/s, JPEG 1.03x). A process
 # worker lends as many batches as a full window holds and more (execution/shm.py, LENT_SLOTS).
 PREFETCH_PER_WORKER = 4
 
