@@ -451,6 +451,12 @@ def steadyfeed_epochs(
     source = steadyfeed_source(ds, path, cache, fast)
     with steadyfeed.Loader(source, BATCH, shuffle=shuffle, seed=SEED, workers=workers, mode=mode, **options) as loader:
         yield checked_epoch(ds, n, lambda e: ((b["x"], b["y"]) for b in loader.epoch(e)))
+        ran = loader.stats()  # what it ran with, on stderr: workers="auto" and batches_per_task="auto" pick
+        print(
+            f"{ds.key} steadyfeed workers={workers} mode={mode}{' fast' if fast else ''}: ran {ran['workers']} "
+            f"{ran['mode']}, {ran['batches_per_task']} batch(es) a task, handoff {ran['handoff']}",
+            file=sys.stderr,
+        )
 
 
 def decode_example(sample: dict, rng) -> dict:

@@ -20,6 +20,7 @@ import pytest
 import steadyfeed as sf
 from steadyfeed.config import PREFETCH_PER_WORKER
 from steadyfeed.errors import DataError
+from steadyfeed.execution.grouping import MAX_BATCHES
 from steadyfeed.integration.distributed import shard_from_jax, shard_from_tf_input_context
 from steadyfeed.integration.layout import BatchLayout
 from steadyfeed.integration.shapes import fixed_batch_size
@@ -94,7 +95,8 @@ def test_loader_monitor_values_are_in_history(report):
     assert all(v > 0 for v in history["data_samples_per_sec"])
     assert all(0 <= v < 5 for v in history["data_wait_fraction"])
     assert all(0 <= v < 1000 for v in history["data_wait_ms_per_step"])
-    assert all(0 <= v <= 2 * PREFETCH_PER_WORKER for v in history["data_queue_fill"])  # the prefetch of 2 workers
+    # the default window of 2 workers, counted in tasks of up to MAX_BATCHES batches (grouping.py)
+    assert all(0 <= v <= 2 * PREFETCH_PER_WORKER * MAX_BATCHES for v in history["data_queue_fill"])
     assert history["data_quarantined"] == [0.0] * EPOCHS
     assert history["data_from_pack"] == [0.0] * EPOCHS  # no pack_to: every batch from the source
     # 20 batches, 640 samples, 0.5 s of waiting in 4 s; fill 90 - 20 over 20 batches

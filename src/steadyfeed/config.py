@@ -166,8 +166,20 @@ class ExecutionOptions:
     )
     prefetch: int | None = option(
         None,
-        doc=f"batches in flight or waiting, at most (default: {PREFETCH_PER_WORKER} per worker, at least 1)",
+        doc=f"batches in flight or waiting, at most (default: {PREFETCH_PER_WORKER} tasks per worker, at least 1: "
+        "that many batches a worker times the batches a task holds, batches_per_task)",
         metavar="N",
+    )
+    batches_per_task: int | Literal["auto"] = option(
+        AUTO,
+        doc="consecutive batches a thread or process worker makes as one task, cut apart again in "
+        "the consumer (execution/grouping.py): the fixed cost of handing a task over is paid once "
+        "for them, which counts where a batch takes a few milliseconds or less to make. Each batch "
+        "is the same whatever the number, and a task whose samples fail is made again batch by "
+        "batch. 'auto': 1 for the first 16 batches, then as many as make a task of ~20 ms, at "
+        "most 8, within the memory and the prefetch allowed (stats()['batches_per_task']). A "
+        "default prefetch grows with it",
+        metavar="K|auto",
     )
     inline_when_faster: bool | None = option(
         None,
@@ -227,6 +239,10 @@ class ExecutionOptions:
             f"prefetch must be an int >= 1, got {self.prefetch!r}",
         )
         _need(
+            self.batches_per_task == AUTO or (_is_int(self.batches_per_task) and self.batches_per_task >= 1),
+            f"batches_per_task must be an int >= 1 or 'auto', got {self.batches_per_task!r}",
+        )
+        _need(
             self.inline_when_faster in (None, True, False),
             f"inline_when_faster must be None, True or False, got {self.inline_when_faster!r}",
         )
@@ -257,7 +273,8 @@ class ExecutionOptions:
     @property
     def effective_prefetch(self) -> int:
         """``prefetch``, or ``PREFETCH_PER_WORKER`` per worker, at least 1 (1 while workers are
-        unset or not yet measured)."""
+        unset or not yet measured). A default window is counted in tasks: the scheduler keeps
+        it times the batches a task holds (``execution/grouping.py``)."""
         if self.prefetch is not None:
             return self.prefetch
         return max(PREFETCH_PER_WORKER * workers_count(self.workers), 1)

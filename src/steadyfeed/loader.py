@@ -22,6 +22,7 @@ from .errors import SampleError, SampleTimeout, TooManyErrors, WorkerDied, with_
 from .execution import auto
 from .execution.auto import AutoChoice
 from .execution.batch import collate_error
+from .execution.grouping import Grouping, make_grouping
 from .execution.handoff import WORK_STAGES, FixedHandoff, MeasuredHandoff, make_handoff
 from .execution.pool import InlinePool, make_pool
 from .execution.scheduler import ByteBudget, EpochRun, Outcome
@@ -121,6 +122,7 @@ class Loader:
         self._running_config = self._resolved_config()  # config with workers an int: what the pool runs
         self._handoff = self._new_handoff()  # who makes each batch; measured anew with each new pool
         self._budget = ByteBudget(self.config.execution.max_inflight_bytes)  # learns batch sizes across epochs
+        self._grouping = make_grouping(self._running_config.execution, cfg.collate)  # anew with each new pool
         self._task_ids = itertools.count()
         self._active = threading.Lock()  # one epoch at a time
         self._closed = False
@@ -208,6 +210,7 @@ class Loader:
                 start,
                 self._running_config.execution.effective_prefetch,
                 self._stats,
+                self._grouping,
             )
             if self._autopack is not None and self._reader is self.source:
                 self._autopack.start(self.source)  # packs in the background while this epoch reads the files
@@ -239,7 +242,9 @@ class Loader:
             if not isinstance(exc, KeyboardInterrupt):
                 raise
 
-    def _epoch_run(self, pool, handoff, plan, epoch: int, start: int, prefetch: int, stats: LoaderStats) -> EpochRun:
+    def _epoch_run(
+        self, pool, handoff, plan, epoch: int, start: int, prefetch: int, stats: LoaderStats, grouping: Grouping
+    ) -> EpochRun:
         failure = self.config.failure
         return EpochRun(
             pool,
@@ -254,6 +259,7 @@ class Loader:
             stats=stats,
             handoff=handoff,
             budget=self._budget,
+            grouping=grouping,
         )
 
     def peek(self, batch_index: int = 0, epoch: int | None = None) -> dict:
@@ -275,6 +281,7 @@ class Loader:
             batch_index,
             prefetch=1,
             stats=LoaderStats(),
+            grouping=Grouping(),  # one batch, made here: nothing to group or to learn from
         )
         outcome = next(iter(run))
         if outcome.failures:
@@ -395,6 +402,7 @@ class Loader:
                 stats=self._stats,
             )
             self._handoff = self._new_handoff()
+            self._grouping = make_grouping(execution, self.config.read.collate)
         return self._pool
 
     def _new_handoff(self) -> FixedHandoff | MeasuredHandoff:
@@ -515,7 +523,13 @@ class Loader:
         execution = self._running_config.execution
         asked = self.config.execution.resolved(self._unset_workers).workers
         picked = {"auto": self._auto.as_dict() if self._auto is not None else None} if asked == AUTO else {}
-        running = {"workers": execution.workers, "mode": execution.mode, "prefetch": execution.effective_prefetch}
+        running = {
+            "workers": execution.workers,
+            "mode": execution.mode,
+            "prefetch": execution.effective_prefetch * self._grouping.window_factor,
+            "batches_per_task": self._grouping.in_use,
+            "grouping": self._grouping.stopped or self._grouping.picked,
+        }
         return {**self._stats.as_dict(), "handoff": self.handoff, **running, **picked, **pack}
 
     @property

@@ -37,6 +37,9 @@ class InlinePool:
     def free_slots(self) -> int:
         return 0
 
+    def idle_workers(self) -> int:
+        return 0
+
     def submit(self, task: BatchTask) -> None:
         raise RuntimeError("steadyfeed bug: a task was submitted to a pool without workers")
 
@@ -107,6 +110,9 @@ class WorkerPool(InlinePool):
     # -- the protocol --------------------------------------------------------------------
     def free_slots(self) -> int:
         return sum(TASKS_PER_WORKER - len(w.outstanding) for w in self.workers.values())
+
+    def idle_workers(self) -> int:
+        return sum(not w.outstanding for w in self.workers.values())
 
     def submit(self, task: BatchTask) -> None:
         wid = self._least_busy()

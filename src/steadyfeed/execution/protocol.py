@@ -41,6 +41,9 @@ class Pool(Protocol):
     def free_slots(self) -> int:
         """How many more tasks ``submit`` takes now."""
 
+    def idle_workers(self) -> int:
+        """How many workers hold no task at all."""
+
     def submit(self, task: BatchTask) -> None:
         """Hand ``task`` to a worker; its outcome arrives later as an event."""
 

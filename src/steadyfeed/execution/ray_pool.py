@@ -397,6 +397,9 @@ class RayPool(WorkerPool):
     def free_slots(self) -> int:
         return sum(TASKS_PER_WORKER - len(a.outstanding) for a in self._running_actors())
 
+    def idle_workers(self) -> int:
+        return sum(not a.outstanding for a in self._running_actors())
+
     def submit(self, task: BatchTask) -> None:
         actor = min(self._running_actors(), key=lambda a: len(a.outstanding))
         actor.send(self._prepare(task, actor))

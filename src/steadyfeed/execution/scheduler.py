@@ -11,6 +11,11 @@ worker held is re-run on a fresh worker without the failed samples. Deaths that 
 sample can be blamed for are bounded too, so a pool whose workers keep dying raises
 instead of respawning forever.
 
+A task may hold several consecutive batches (``grouping.py``, ``batches_per_task``): they
+are submitted together and cut apart when their result arrives, or, when it brings anything
+but rows, made again one by one. Every batch is still one ``_Batch`` here, counted in the
+window as one, so nothing above this module knows.
+
 Who makes each batch is the ``handoff``'s call (``handoff.py``): while it says
 ``to_workers`` is False, no new task goes to the pool and the consumer makes the next
 batch itself (``pool.run_here``) once the batches already in flight have arrived. A
@@ -27,8 +32,10 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import WorkerDied
 from ..sampling.plan import BatchSpec
+from .grouping import Grouping, member_at, mergeable, merged, split
+from .handoff import WORK_STAGES
 from .protocol import Done, Event, Lost, Pool
-from .task import BatchTask, Disagreement, SampleFailure, Stage
+from .task import BatchTask, Disagreement, Running, SampleFailure, Stage
 
 POLL_SECONDS = 0.5
 
@@ -101,9 +108,12 @@ class EpochRun:
         stats,
         handoff,
         budget: ByteBudget | None = None,
+        grouping: Grouping | None = None,
     ):
         self.pool, self.plan, self.epoch = pool, plan, epoch
         self.budget = budget if budget is not None else ByteBudget()
+        self.grouping = grouping if grouping is not None else Grouping()
+        self._groups: dict[int, list[int]] = {}  # task id of a task of several batches -> their indices
         self.handoff = handoff
         self.prefetch, self.retries, self.stop_on_failure = prefetch, retries, stop_on_failure
         self.task_ids = task_ids
@@ -180,7 +190,8 @@ class EpochRun:
 
     def _admits(self) -> bool:
         """Room in the window for one more batch: by count (prefetch) and by bytes (the budget)."""
-        if self.next_to_plan >= len(self.plan) or self.next_to_plan - self.next_to_yield >= self.prefetch:
+        window = self.prefetch * self.grouping.window_factor
+        if self.next_to_plan >= len(self.plan) or self.next_to_plan - self.next_to_yield >= window:
             return False
         if self.budget.limit is None:
             return True
@@ -197,9 +208,43 @@ class EpochRun:
 
     def _submit_ready_tasks(self) -> None:
         while self.to_submit and self._to_worker(self.to_submit[0]) and self.pool.free_slots() > 0:
-            task = self._next_task().task
+            group = self._group_at_front()
+            if group is None:  # a group still filling: the batches it waits for join as the consumer takes others
+                return
+            task = self._next_task().task if len(group) == 1 else self._group_task(group)
             assert task is not None  # made by _next_task
             self.pool.submit(task)
+
+    def _fresh(self, index: int) -> bool:
+        """Batch ``index`` is in the window, never submitted, and may share a task."""
+        batch = self.batches.get(index)
+        return batch is not None and batch.task is None and not batch.lost and mergeable(batch.spec)
+
+    def _group_at_front(self) -> list[int] | None:
+        """The batches the next task holds: the oldest to submit and, while grouping, the fresh
+        batches after it, up to ``grouping.size``. A group short of that size waits for more
+        (None) unless the plan has no more, the consumer waits for its first batch, or a worker
+        has nothing to do: then it goes as it is."""
+        first = self.to_submit[0]
+        if not self.grouping.active or not self._fresh(first):
+            return [first]
+        group = [first]
+        while len(group) < self.grouping.size and self._fresh(group[-1] + 1):
+            group.append(group[-1] + 1)
+        if len(group) == self.grouping.size or self.next_to_plan >= len(self.plan):
+            return group
+        return group if first == self.next_to_yield or self.pool.idle_workers() > 0 else None
+
+    def _group_task(self, group: list[int]) -> BatchTask:
+        """One task for the fresh batches ``group`` (the oldest in ``to_submit``)."""
+        for index in group:
+            assert heapq.heappop(self.to_submit) == index  # the smallest: every index between is in the group
+        specs = [self.batches[i].spec for i in group]
+        task = BatchTask(next(self.task_ids), self.epoch, merged(specs), batches=len(group))
+        for index in group:
+            self.batches[index].task = task
+        self._groups[task.task_id] = group
+        return task
 
     def _handle(self, event: Event) -> None:
         if isinstance(event, Done):
@@ -208,14 +253,58 @@ class EpochRun:
             batch = self.batches.get(result.batch_index)
             if batch is None or batch.task is None or batch.task.task_id != result.task_id:
                 return  # a stale result of a task that was already re-run
+            group = self._groups.pop(result.task_id, None)
+            if group is not None:
+                self._ungroup(group, result)
+                return
             failures = sorted([*result.failures, *batch.lost_failures], key=lambda f: f.position)
             self.ready[result.batch_index] = Outcome(
                 batch.spec, result.arrays, failures, dict(result.timings), result.disagreement
             )
-            if self.budget.learn(batch_bytes(result.arrays)):
+            nbytes = batch_bytes(result.arrays)
+            if result.arrays is not None and not failures:
+                self.grouping.learn(sum(result.timings.get(stage, 0.0) for stage in WORK_STAGES), nbytes)
+            if self.budget.learn(nbytes):
                 self._fill_window()  # the first size known: the window may hold more than one batch now
         else:
             self._handle_lost(event)
+
+    def _ungroup(self, group: list[int], result) -> None:
+        """A group's result: cut into its batches' outcomes when it brought every row; else each
+        batch is made again alone, its samples that failed for good kept failed (``grouping.py``)."""
+        specs = [self.batches[i].spec for i in group]
+        if result.arrays is not None and not result.failures and result.disagreement is None:
+            timings = {stage: seconds / len(group) for stage, seconds in result.timings.items()}
+            learnt = False
+            for index, arrays in zip(group, split(result.arrays, specs)):
+                self.ready[index] = Outcome(self.batches[index].spec, arrays, [], dict(timings))
+                learnt = self.budget.learn(batch_bytes(arrays)) or learnt
+            if learnt:
+                self._fill_window()
+            return
+        if result.disagreement is not None:
+            self.grouping.stopped = (
+                f"the samples of batches {group[0]}..{group[-1]} of epoch {self.epoch} cannot be collated "
+                "together: each batch is made alone from now on"
+            )
+        final: dict[int, list[SampleFailure]] = {}
+        for failure in result.failures:
+            k, position = member_at(specs, failure.position)
+            final.setdefault(k, []).append(replace(failure, position=position))
+        for k, index in enumerate(group):
+            batch = self.batches[index]
+            failed = final.get(k, [])
+            batch.task = BatchTask(-1, self.epoch, batch.spec, excluded=frozenset(f.position for f in failed))
+            batch.lost_failures.extend(failed)
+            self._requeue(index, batch)
+
+    def _requeue(self, index: int, batch: _Batch) -> None:
+        """Batch ``index`` is to be made again; under ``on_error="raise"`` one with a sample
+        failed for good is not: it raises as it is."""
+        if self.stop_on_failure and batch.lost_failures:
+            self.ready[index] = Outcome(batch.spec, None, list(batch.lost_failures))
+        else:
+            heapq.heappush(self.to_submit, index)
 
     def _handle_lost(self, event: Lost) -> None:
         self.handoff.pin_to_workers()
@@ -235,13 +324,32 @@ class EpochRun:
             batch = self.batches.get(task.spec.index)
             if batch is None or batch.task is None or batch.task.task_id != task.task_id:
                 continue
-            batch.lost = True
-            if event.running is not None and event.running.task_id == task.task_id:
-                self._charge(batch, event.running.position, event)
-            if self.stop_on_failure and batch.lost_failures:
-                self.ready[task.spec.index] = Outcome(batch.spec, None, list(batch.lost_failures))
-            else:
-                heapq.heappush(self.to_submit, task.spec.index)
+            running = event.running if event.running is not None and event.running.task_id == task.task_id else None
+            for index, position in self._lost_batches(task, running):
+                batch = self.batches[index]
+                batch.lost = True
+                if position is not None:
+                    self._charge(batch, position, event)
+                self._requeue(index, batch)
+
+    def _lost_batches(self, task: BatchTask, running: Running | None) -> list[tuple[int, int | Stage | None]]:
+        """The batches of a lost ``task``, each with where the worker was in it (None: not in it).
+        A group's batches each get a task of their own, so the death is charged to one of them."""
+        group = self._groups.pop(task.task_id, None)
+        if group is None:
+            return [(task.spec.index, None if running is None else running.position)]
+        specs = [self.batches[i].spec for i in group]
+        for index in group:
+            self.batches[index].task = BatchTask(-1, self.epoch, self.batches[index].spec)
+        where: list[int | Stage | None] = [None] * len(group)
+        if running is not None and running.position is Stage.READING_BATCH:
+            where = [Stage.READING_BATCH] * len(group)  # read together: each is read sample by sample next
+        elif running is not None and running.position is Stage.COLLATING:
+            where[0] = Stage.COLLATING
+        elif running is not None:
+            k, position = member_at(specs, running.position)
+            where[k] = position
+        return list(zip(group, where))
 
     def _charge(self, batch: _Batch, position: int | Stage, event: Lost) -> None:
         """Blame the lost attempt on the sample the worker was on."""

@@ -93,6 +93,17 @@ class NoRoom(OSError):
         self.shortage = shortage
 
 
+def free_bytes() -> int | None:
+    """Bytes free in ``/dev/shm`` now (None where that is not where segments live, or unknown)."""
+    if PLACE != "/dev/shm":
+        return None
+    try:
+        st = os.statvfs(PLACE)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
 def reserve(name: str, size: int) -> None:
     """Back every page of segment ``name`` (``size`` bytes) now, or raise :class:`NoRoom`.
 
@@ -256,11 +267,14 @@ class ConsumerSlots:
         # last array (the cyclic GC included), so behind no lock; drained by ``held``
         self._returned: deque[str] = deque()
         self._maps: dict[str, tuple[int, mmap.mmap]] = {}  # slot -> (its generation, its mapping)
-        self.lent = 0  # batches lent so far
+        self._batches: dict[str, int] = {}  # held slot -> the plan's batches its next task writes
+        self.lent = 0  # the plan's batches lent so far
 
-    def hold(self, name: str) -> None:
-        """The batch written into slot ``name`` next is to be lent (called before its task is sent)."""
+    def hold(self, name: str, batches: int = 1) -> None:
+        """The task written into slot ``name`` next (of ``batches`` of the plan's batches) is to
+        be lent (called before its task is sent)."""
         self._held.add(name)
+        self._batches[name] = batches
 
     def held(self, names) -> set[str]:
         """Those of slots ``names`` that are held."""
@@ -274,6 +288,7 @@ class ConsumerSlots:
         None (the batch did not come through the slot): nothing, and a hold on the slot ends."""
         if layout is None:
             self._held.discard(name)
+            self._batches.pop(name, None)
             return None
         if not self.lends:
             return _copied(name, layout)
@@ -281,7 +296,7 @@ class ConsumerSlots:
         whole = np.frombuffer(self._mapping(name, generation), np.uint8, count=end)
         if name not in self._held:
             return {key: view.copy() for key, view in _carve(whole, cuts).items()}
-        self.lent += 1
+        self.lent += self._batches.pop(name, 1)
         lent = whole.view(_Lent)
         weakref.finalize(lent, self._returned.append, name).atexit = False
         return {key: view.view(np.ndarray) for key, view in _carve(lent, cuts).items()}
@@ -297,6 +312,7 @@ class ConsumerSlots:
         from one stays whole until it goes."""
         for name in names:
             self._held.discard(name)
+            self._batches.pop(name, None)
             self._maps.pop(name, None)  # unmapped now, or when the last batch lent from it goes
             try:
                 segment = shared_memory.SharedMemory(name=name)

@@ -78,6 +78,7 @@ class BatchTask:
     prior_attempts: Mapping[int, int] = field(default_factory=dict)  # position -> attempts used before
     batched_read: bool = True  # False after a worker died inside read_many: pins the next death on a sample
     shm_name: str | None = None  # process mode: the slot the worker writes the batch into
+    batches: int = 1  # how many of the plan's batches the spec holds (grouping.py)
 
 
 @dataclass(frozen=True)

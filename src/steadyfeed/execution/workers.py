@@ -231,7 +231,7 @@ class ProcessWorker:
         name = next(name for name in order if name not in busy)
         self._named += name == order[0] and self._named < len(self.slot_names)
         if lend and len(held) < shm.LENT_SLOTS:
-            self._consumer_slots.hold(name)
+            self._consumer_slots.hold(name, task.batches)
         return evolved(task, shm_name=name)
 
     def send(self, task: BatchTask) -> None:

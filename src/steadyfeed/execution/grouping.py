@@ -1,0 +1,161 @@
+"""Several batches in one task: what each batch handed to a worker costs, paid once for a few.
+
+Every task costs the same fixed work whatever its size: the consumer picks a worker and a
+slot, pickles and writes the task, selects, reads and unpickles the result, maps its views;
+the worker reads the task, sets up its status and output, and sends the result back. With
+batches that take well under a millisecond to make (npy pairs of 32, page-cached), that work
+was a fifth to a third of the CPU of the whole pipeline on 2 cores. ``batches_per_task=K``
+hands ``K`` consecutive batches of the plan to one worker as one task (:func:`merged`): the
+worker reads and collates them as one batch of their ids, and the consumer cuts the result
+back into the ``K`` batches (:func:`split`), each exactly as a task of its own would have made
+it, since a batch's rows are stacked samples and each sample is a pure function of its id,
+draw, epoch and seed.
+
+Guarantees (the scheduler keeps them, ``scheduler.py``):
+
+* only batches that a merge cannot change are merged: stacked (``collate="stack"``), no
+  padded rows, never tried before (no excluded samples, no attempts counted, not lost);
+* a merged task that comes back with anything but rows (a sample failed, its samples cannot
+  be collated together, a worker was lost on it) is not cut: each of its batches is made
+  again alone, keeping the failures already final (a sample is never tried more often than
+  ``retries`` allows, and its failure is the one it had), so what the consumer sees is what
+  tasks of one batch would have given;
+* samples of merged batches that disagree (one batch of 64 x 64 images, the next of 32 x 32:
+  each batch collates, the merge cannot) stop the merging for the loader (:class:`Grouping`):
+  such data would pay for every merge twice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import AUTO, PREFETCH_PER_WORKER, ExecutionOptions, workers_count
+from ..sampling.plan import BatchSpec
+from . import shm
+from .auto import memory_budget
+from .pool import TASKS_PER_WORKER
+
+TASK_SECONDS = 0.02  # "auto" groups batches until a task takes about this long to make
+MAX_BATCHES = 8  # batches one task may hold under "auto"
+LEARN_BATCHES = 16  # batches made one per task before "auto" picks
+
+
+@dataclass
+class Grouping:
+    """How many batches a task holds, kept by the loader for the life of a pool.
+
+    ``size`` is ``ExecutionOptions.batches_per_task``, or under ``"auto"`` 1 until
+    ``LEARN_BATCHES`` batches have been made, then what :meth:`learn` picks: enough batches
+    for a task of ``TASK_SECONDS`` (the fixed cost of a task, ~0.2-0.4 ms of CPU on both
+    sides together, then stays under 2%), at most ``MAX_BATCHES``, ``limit`` (what the
+    loader allows: an explicit ``prefetch`` must hold a worker's two tasks) and as many as
+    ``room`` bytes hold, ``copies`` times over (the window and, in process mode, the
+    workers' slots, each that many batches per batch a task holds). ``grows_window``: the
+    window (a default ``prefetch``) is counted in tasks, so it grows with ``size``.
+    ``stopped`` says why grouping stopped, if it did (it does not start again)."""
+
+    size: int = 1
+    auto: bool = False
+    limit: int = MAX_BATCHES
+    room: int | None = None
+    copies: int = 1
+    grows_window: bool = False
+    stopped: str | None = None
+    picked: str | None = None  # under "auto": what it picked and why
+    _made: int = 0
+    _seconds: float = 0.0
+    _largest: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.size > 1 and self.stopped is None
+
+    @property
+    def in_use(self) -> int:
+        """Batches a task holds now."""
+        return self.size if self.active else 1
+
+    @property
+    def window_factor(self) -> int:
+        """How many times the configured window the scheduler keeps (``grows_window``)."""
+        return self.in_use if self.grows_window else 1
+
+    def learn(self, seconds: float, nbytes: int) -> None:
+        """A batch made alone took ``seconds`` of work and holds ``nbytes``: under "auto",
+        counted until there are enough to pick a size."""
+        if not self.auto or self.picked is not None:
+            return
+        self._made += 1
+        self._seconds += seconds
+        self._largest = max(self._largest, nbytes)
+        if self._made >= LEARN_BATCHES:
+            self.size, self.picked = self._pick(self._seconds / self._made, self._largest)
+
+    def _pick(self, seconds: float, nbytes: int) -> tuple[int, str]:
+        by_time = MAX_BATCHES if seconds <= 0 else max(1, math.ceil(TASK_SECONDS / seconds))
+        by_room = MAX_BATCHES if self.room is None or nbytes == 0 else self.room // (self.copies * nbytes)
+        size = max(1, min(by_time, by_room, self.limit, MAX_BATCHES))
+        why = (
+            f"{size} batch(es) a task: a batch took {seconds * 1e3:.2f} ms to make ({by_time} make a task of "
+            f"{TASK_SECONDS * 1e3:.0f} ms), holds {nbytes:,} bytes"
+            + (f" ({by_room} fit the memory allowed)" if self.room is not None else "")
+            + (f"; prefetch allows {self.limit}" if self.limit < MAX_BATCHES else "")
+        )
+        return size, why
+
+
+def make_grouping(execution: ExecutionOptions, collate: str) -> Grouping:
+    """The grouping a new pool of ``execution`` (workers an int) starts with. None under
+    ``collate="pad"`` (each batch is padded to its own largest shape), without workers, or
+    on Ray unless asked for (an actor's task costs milliseconds, a grouping there is measured
+    by who runs it)."""
+    workers = workers_count(execution.workers)
+    asked, prefetch = execution.batches_per_task, execution.prefetch
+    window = prefetch is None
+    if collate != "stack" or workers == 0:
+        return Grouping()
+    if asked != AUTO:
+        return Grouping(size=int(asked), grows_window=window)
+    if execution.mode == "ray":
+        return Grouping()
+    room = memory_budget(execution.max_inflight_bytes)
+    copies = execution.effective_prefetch  # the window, in batches per batch a task holds
+    if execution.mode == "process":  # and each worker's slots, in shared memory
+        copies += workers * (TASKS_PER_WORKER + shm.LENT_SLOTS)
+        free = shm.free_bytes()
+        if free is not None:  # at most half of it: the slots of other loaders, other programs
+            room = free // 2 if room is None else min(room, free // 2)
+    limit = MAX_BATCHES if prefetch is None else max(1, prefetch // (PREFETCH_PER_WORKER * workers))
+    return Grouping(auto=True, limit=limit, room=room, copies=copies, grows_window=window)
+
+
+def mergeable(spec: BatchSpec) -> bool:
+    """Whether ``spec`` may share a task: its rows are exactly its ids (no padded rows, no
+    fillers). Stacking is the loader's to check: it groups only under ``collate="stack"``."""
+    return spec.pad_to is None and spec.num_real == len(spec.ids)
+
+
+def merged(specs: list[BatchSpec]) -> BatchSpec:
+    """One spec for consecutive mergeable ``specs``: their ids (and draws) in order, the first's index."""
+    first = specs[0]
+    draws = None if first.draws is None else np.concatenate([s.draws for s in specs])
+    ids = np.concatenate([s.ids for s in specs])
+    return BatchSpec(first.index, ids, draws, None, len(ids))
+
+
+def split(arrays: dict[str, np.ndarray], specs: list[BatchSpec]) -> list[dict[str, np.ndarray]]:
+    """The rows of a merged batch (every sample read, none failed) as ``specs``' batches: views."""
+    cuts = np.cumsum([0] + [len(s.ids) for s in specs]).tolist()
+    return [{key: column[lo:hi] for key, column in arrays.items()} for lo, hi in zip(cuts[:-1], cuts[1:])]
+
+
+def member_at(specs: list[BatchSpec], position: int) -> tuple[int, int]:
+    """Which of ``specs`` (its number) holds ``position`` of their merged spec, and where in it."""
+    for k, spec in enumerate(specs):
+        if position < len(spec.ids):
+            return k, position
+        position -= len(spec.ids)
+    raise IndexError(f"position past the merged batch's {sum(len(s.ids) for s in specs)} rows")
