@@ -120,9 +120,11 @@ class Loader:
         self._auto_since = (0, 0.0)  # (batches, seconds of batch work) counted at the last check
         self._auto_cost: float | None = None  # work per batch in the first stretch after a pick
         self._running_config = self._resolved_config()  # config with workers an int: what the pool runs
+        self._grouping = make_grouping(
+            self._running_config.execution, cfg.collate
+        )  # batches a task holds: anew with each pool
         self._handoff = self._new_handoff()  # who makes each batch; measured anew with each new pool
         self._budget = ByteBudget(self.config.execution.max_inflight_bytes)  # learns batch sizes across epochs
-        self._grouping = make_grouping(self._running_config.execution, cfg.collate)  # anew with each new pool
         self._task_ids = itertools.count()
         self._active = threading.Lock()  # one epoch at a time
         self._closed = False
@@ -401,14 +403,14 @@ class Loader:
                 transport=execution.transport,
                 stats=self._stats,
             )
-            self._handoff = self._new_handoff()
             self._grouping = make_grouping(execution, self.config.read.collate)
+            self._handoff = self._new_handoff()  # which reads the grouping's batches a task
         return self._pool
 
     def _new_handoff(self) -> FixedHandoff | MeasuredHandoff:
         if self._running_config.execution.workers == AUTO:  # not measured yet: no workers to hand to
             return FixedHandoff(to_workers=False)
-        return make_handoff(self._running_config)
+        return make_handoff(self._running_config, per_task=lambda: self._grouping.in_use)
 
     # -- delivery and failure policy ---------------------------------------------------
     def _deliver(self, outcome: Outcome, epoch: int, planned: int, skipped_before: int) -> dict | None:

@@ -18,13 +18,15 @@ both ways and keeps the faster:
    worker: N workers at once each take longer over a batch when they contend, for the
    GIL or the memory bus, so the time a batch took a worker overstates what it hides). Otherwise no
    new task goes to the workers; the ones in flight arrive, and the consumer then
-   makes ``PROBE_BATCHES`` batches itself (the first, a transition, not counted),
-   stopping early once the median of its cycles (``ABORT_AFTER`` at least; a median,
-   since the consumer's first batches open files of its own) exceeds ``ABORT_RATIO``
-   times the workers' mean;
+   makes ``PROBE_BATCHES`` batches itself (the first, a transition, not counted, nor the
+   ``ABORT_AFTER`` after it, in which the consumer opens files and fills caches of its own:
+   an HDF5 file's, read at random, made its first few batches 1.5x as slow as the rest),
+   stopping early once the median of its counted cycles (``ABORT_AFTER`` at least) exceeds
+   ``ABORT_RATIO`` times the workers' mean;
 3. when the consumer came out faster, the workers are measured once more (``PROBE_BATCHES``
-   batches, after the pipeline refills) and the consumer keeps the batches only if it beats
-   that measure too. The first measure may have been taken while the data was cold (a page
+   batches, after the pipeline refills) and keep the batches only if they now beat the
+   consumer by ``CONFIRM_MARGIN`` (a second measure that merely ties the probe is noise, and
+   a tie goes to the consumer: workers are never to be a slowdown). The first measure may have been taken while the data was cold (a page
    cache filling, the kernel's readahead of a pack under way), and a consumer probed after
    it then looks faster for the warmer data, not for making batches itself: on a cold pack
    of JPEGs that kept two decoding threads' batches in one thread for a whole epoch. It is
@@ -32,7 +34,11 @@ both ways and keeps the faster:
 4. the faster way is kept for at least ``RECHECK_BATCHES`` batches and
    ``RECHECK_SECONDS``, then measured again (the data, a cache or the machine's load
    may have changed). Both bounds keep the probes rare: a probe costs a few dozen
-   batches at the slower way, whether batches take microseconds or seconds.
+   batches at the slower way, whether batches take microseconds or seconds. It is
+   measured again sooner when its own cycles drift ``DRIFT_RATIO`` times slower than the
+   measure it was chosen on (a mean over as many batches as a measure): process workers
+   reading an HDF5 file at random ran their first epoch at 200k rows/s and their third at
+   86k, below the consumer's 125k, and a choice made in the first was kept for good.
 
 Who makes a batch never changes what it holds: a batch is a pure function of the
 plan, the source and the seed (``run_batch`` is the only code that makes one). So the
@@ -50,12 +56,15 @@ inline are, in practice, plain reads (array slices, raw HDF5 rows), not decoding
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 
 PROBE_BATCHES = 32
 RECHECK_BATCHES = 2000
 RECHECK_SECONDS = 10.0
 ABORT_RATIO = 1.25
 ABORT_AFTER = 4
+DRIFT_RATIO = 1.25  # the way kept is measured again once its cycles are this many times slower
+CONFIRM_MARGIN = 0.9  # workers measured again keep the batches only at 0.9x the consumer's cycle or less
 GATE_RATIO = 4.0
 WORK_STAGES = ("read", "transform", "collate")  # making a batch; "transport" is the hand-off
 
@@ -82,10 +91,22 @@ class FixedHandoff:
 class MeasuredHandoff:
     """Measures batches made by workers and by the consumer; ``to_workers`` says which way now."""
 
-    def __init__(self, settle: int, workers: int = 1):
-        self.settle = settle  # batches to skip after (re)starting workers: the pipeline is filling
+    def __init__(self, settle: int, workers: int = 1, per_task: Callable[[], int] = lambda: 1):
+        self._settle_tasks = settle  # tasks to skip after (re)starting workers: the pipeline is filling
         self.workers = max(1, workers)
+        # batches a worker's task holds now (grouping.py): skips and measures of the workers are
+        # counted in tasks, since a window of tasks of 8 batches fills 8 times as long, and 32
+        # batches would time only 4 tasks, each a wait followed by 7 batches ready at once
+        self._per_task = per_task
         self._start_measuring()
+
+    @property
+    def settle(self) -> int:
+        """Batches to skip after (re)starting workers."""
+        return self._settle_tasks * self._per_task()
+
+    def _measured_enough(self, cycles: list) -> bool:
+        return len(cycles) >= PROBE_BATCHES * self._per_task()
 
     @property
     def deciding(self) -> bool:
@@ -116,12 +137,18 @@ class MeasuredHandoff:
                 self._confirm(cycle)
         elif self._phase == "handover":  # the workers' batches in flight arrive first
             if made_here:
-                self._keep(to_workers=False)
+                self._keep(to_workers=False, cycle=self._here_cycle)
         elif self._phase == "keep":
             self._kept_batches += 1
             self._kept_seconds += cycle
+            self._recent.append(cycle)
             if self._kept_batches >= RECHECK_BATCHES and self._kept_seconds >= RECHECK_SECONDS:
                 self._start_measuring()
+            elif self._measured_enough(self._recent):
+                drifted = statistics.fmean(self._recent) > DRIFT_RATIO * self._kept_cycle
+                self._recent = []
+                if drifted:
+                    self._start_measuring()
 
     def _start_measuring(self) -> None:
         self._phase, self.to_workers = "measure", True
@@ -133,12 +160,14 @@ class MeasuredHandoff:
             self._settle -= 1
             return
         self._pooled.append((cycle, in_loader, work))
-        if len(self._pooled) < PROBE_BATCHES:
+        if not self._measured_enough(self._pooled):
             return
         cycles, in_loaders, works = zip(*self._pooled)
         self._pooled_cycle = statistics.fmean(cycles)
         if statistics.fmean(in_loaders) * GATE_RATIO < statistics.fmean(works) / self.workers:
-            self._keep(to_workers=True)  # the workers hide the work: making it here would add it
+            self._keep(
+                to_workers=True, cycle=self._pooled_cycle
+            )  # the workers hide the work: making it here would add it
         else:
             self._phase, self.to_workers = "probe", False
             self._here: list[float] | None = None  # cycles of batches made here, once steady
@@ -148,12 +177,13 @@ class MeasuredHandoff:
             self._here = []
             return
         self._here.append(cycle)
-        if len(self._here) >= ABORT_AFTER and statistics.median(self._here) > ABORT_RATIO * self._pooled_cycle:
-            self._keep(to_workers=True)
+        warm = self._here[ABORT_AFTER:]  # the first few open files and fill caches of the consumer's own
+        if len(warm) >= ABORT_AFTER and statistics.median(warm) > ABORT_RATIO * self._pooled_cycle:
+            self._keep(to_workers=True, cycle=self._pooled_cycle)
         elif len(self._here) >= PROBE_BATCHES:
-            here = statistics.fmean(self._here)
+            here = statistics.fmean(warm)
             if here >= self._pooled_cycle:
-                self._keep(to_workers=True)
+                self._keep(to_workers=True, cycle=self._pooled_cycle)
             else:  # faster than the workers were: measure them again before handing the batches over
                 self._phase, self.to_workers = "confirm", True
                 self._here_cycle, self._settle = here, self.settle
@@ -164,22 +194,27 @@ class MeasuredHandoff:
             self._settle -= 1
             return
         self._again.append(cycle)
-        if len(self._again) < PROBE_BATCHES:
+        if not self._measured_enough(self._again):
             return
-        if statistics.fmean(self._again) <= self._here_cycle:
-            self._keep(to_workers=True)
+        again = statistics.fmean(self._again)
+        if again <= CONFIRM_MARGIN * self._here_cycle:
+            self._keep(to_workers=True, cycle=again)
         else:
             self._phase, self.to_workers = "handover", False
 
-    def _keep(self, to_workers: bool) -> None:
+    def _keep(self, to_workers: bool, cycle: float) -> None:
+        """Keep one way, chosen on a mean ``cycle`` (what its drift is measured against)."""
         self._phase, self.to_workers = "keep", to_workers
         self._kept_batches, self._kept_seconds = 0, 0.0
+        self._kept_cycle, self._recent = cycle, []
 
 
-def make_handoff(config) -> FixedHandoff | MeasuredHandoff:
-    """The handoff a ``LoaderConfig`` asks for."""
+def make_handoff(config, per_task: Callable[[], int] = lambda: 1) -> FixedHandoff | MeasuredHandoff:
+    """The handoff a ``LoaderConfig`` asks for; ``per_task``: how many batches a task holds now."""
     if config.execution.workers == 0:
         return FixedHandoff(to_workers=False)
     if not config.makes_batches_inline:
         return FixedHandoff(to_workers=True)
-    return MeasuredHandoff(settle=config.execution.effective_prefetch, workers=config.execution.workers)
+    return MeasuredHandoff(
+        settle=config.execution.effective_prefetch, workers=config.execution.workers, per_task=per_task
+    )
