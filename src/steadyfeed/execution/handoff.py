@@ -146,7 +146,7 @@ class MeasuredHandoff:
                 self._start_measuring()
             elif self._measured_enough(self._recent):
                 drifted = statistics.fmean(self._recent) > DRIFT_RATIO * self._kept_cycle
-                self._recent = []
+                self._recent.clear()
                 if drifted:
                     self._start_measuring()
 
@@ -206,7 +206,8 @@ class MeasuredHandoff:
         """Keep one way, chosen on a mean ``cycle`` (what its drift is measured against)."""
         self._phase, self.to_workers = "keep", to_workers
         self._kept_batches, self._kept_seconds = 0, 0.0
-        self._kept_cycle, self._recent = cycle, []
+        self._kept_cycle = cycle
+        self._recent: list[float] = []  # cycles since the last look at the drift
 
 
 def make_handoff(config, per_task: Callable[[], int] = lambda: 1) -> FixedHandoff | MeasuredHandoff:
