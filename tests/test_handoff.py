@@ -180,14 +180,14 @@ def test_a_lost_worker_pins_every_batch_to_the_workers():
     assert h.to_workers and h._phase == "pinned"
 
 
-def test_a_new_epoch_restarts_a_measurement_but_not_a_decision():
+def test_a_new_epoch_settles_a_measurement_again_but_keeps_what_it_measured():
     h = measured(settle=2)
     feed(h, 2 + H.PROBE_BATCHES - 1, 10 * US, 9 * US, 9 * US)
-    h.new_epoch()  # the pipeline starts empty again: settle, then measure afresh
-    feed(h, 2 + H.PROBE_BATCHES - 1, 10 * US, 9 * US, 9 * US)
+    h.new_epoch()  # the pipeline starts empty again: its refill is not counted
+    feed(h, 2, 500 * US, 9 * US, 9 * US)
     assert h._phase == "measure"
-    feed(h, 1, 10 * US, 9 * US, 9 * US)
-    assert h._phase == "probe"
+    feed(h, 1, 10 * US, 9 * US, 9 * US)  # the measure's last cycle
+    assert h._phase == "probe" and h._pooled_cycle == pytest.approx(10 * US)
     h.new_epoch()
     assert h._phase == "probe"
 

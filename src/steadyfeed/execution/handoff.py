@@ -118,11 +118,11 @@ class MeasuredHandoff:
         self._phase, self.to_workers = "pinned", True
 
     def new_epoch(self) -> None:
-        if self._phase == "measure":  # the pipeline starts empty: restart a measurement in progress
-            self._start_measuring()
-        elif self._phase == "confirm":
+        """The pipeline starts empty: a measure of the workers in progress skips its refill again
+        and goes on with what it has (a measure of 32 tasks of 8 batches is longer than the epoch
+        of some datasets: started afresh at each, it would never end)."""
+        if self._phase in ("measure", "confirm"):
             self._settle = self.settle
-            self._again: list[float] = []
 
     def record(self, cycle: float, in_loader: float, timings: dict, made_here: bool) -> None:
         """One batch handed out: ``cycle`` seconds since the previous one, ``in_loader`` of them
@@ -187,7 +187,7 @@ class MeasuredHandoff:
             else:  # faster than the workers were: measure them again before handing the batches over
                 self._phase, self.to_workers = "confirm", True
                 self._here_cycle, self._settle = here, self.settle
-                self._again = []
+                self._again: list[float] = []
 
     def _confirm(self, cycle: float) -> None:
         if self._settle > 0:
