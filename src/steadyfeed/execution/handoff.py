@@ -23,7 +23,7 @@ both ways and keeps the faster:
    an HDF5 file's, read at random, made its first few batches 1.5x as slow as the rest),
    stopping early once the median of its counted cycles (``ABORT_AFTER`` at least) exceeds
    ``ABORT_RATIO`` times the workers' mean;
-3. when the consumer came out faster, the workers are measured once more (``PROBE_BATCHES``
+3. when the consumer came out faster, or less than ``CONFIRM_MARGIN`` slower, the workers are measured once more (``PROBE_BATCHES``
    batches, after the pipeline refills) and keep the batches only if they now beat the
    consumer by ``CONFIRM_MARGIN`` (a second measure that merely ties the probe is noise, and
    a tie goes to the consumer: workers are never to be a slowdown). The first measure may have been taken while the data was cold (a page
@@ -35,8 +35,9 @@ both ways and keeps the faster:
    ``RECHECK_SECONDS``, then measured again (the data, a cache or the machine's load
    may have changed). Both bounds keep the probes rare: a probe costs a few dozen
    batches at the slower way, whether batches take microseconds or seconds. It is
-   measured again sooner when its own cycles drift ``DRIFT_RATIO`` times slower than the
-   measure it was chosen on (a mean over as many batches as a measure): process workers
+   measured again sooner when its own cycles (a mean over as many batches as a measure) drift
+   slower than the other way was measured (or ``DRIFT_RATIO`` times slower than its own
+   measure, where the other way was not measured; ``DRIFT_MARGIN`` at least): process workers
    reading an HDF5 file at random ran their first epoch at 200k rows/s and their third at
    86k, below the consumer's 125k, and a choice made in the first was kept for good.
 
@@ -64,6 +65,7 @@ RECHECK_SECONDS = 10.0
 ABORT_RATIO = 1.25
 ABORT_AFTER = 4
 DRIFT_RATIO = 1.25  # the way kept is measured again once its cycles are this many times slower
+DRIFT_MARGIN = 1.1  # or slower than the other way measured, and at least this many times its own
 CONFIRM_MARGIN = 0.9  # workers measured again keep the batches only at 0.9x the consumer's cycle or less
 GATE_RATIO = 4.0
 WORK_STAGES = ("read", "transform", "collate")  # making a batch; "transport" is the hand-off
@@ -94,9 +96,9 @@ class MeasuredHandoff:
     def __init__(self, settle: int, workers: int = 1, per_task: Callable[[], int] = lambda: 1):
         self._settle_tasks = settle  # tasks to skip after (re)starting workers: the pipeline is filling
         self.workers = max(1, workers)
-        # batches a worker's task holds now (grouping.py): skips and measures of the workers are
-        # counted in tasks, since a window of tasks of 8 batches fills 8 times as long, and 32
-        # batches would time only 4 tasks, each a wait followed by 7 batches ready at once
+        # batches a worker's task holds now (grouping.py): the skip after a (re)start is counted in
+        # tasks, since a window of tasks of 8 batches takes 8 times as long to fill. The measures
+        # are not: 32 tasks of 8 batches outlasted the short epochs of a benchmark's loaders
         self._per_task = per_task
         self._start_measuring()
 
@@ -106,7 +108,7 @@ class MeasuredHandoff:
         return self._settle_tasks * self._per_task()
 
     def _measured_enough(self, cycles: list) -> bool:
-        return len(cycles) >= PROBE_BATCHES * self._per_task()
+        return len(cycles) >= PROBE_BATCHES
 
     @property
     def deciding(self) -> bool:
@@ -137,7 +139,7 @@ class MeasuredHandoff:
                 self._confirm(cycle)
         elif self._phase == "handover":  # the workers' batches in flight arrive first
             if made_here:
-                self._keep(to_workers=False, cycle=self._here_cycle)
+                self._keep(to_workers=False, cycle=self._here_cycle, rival=self._again_cycle)
         elif self._phase == "keep":
             self._kept_batches += 1
             self._kept_seconds += cycle
@@ -145,7 +147,7 @@ class MeasuredHandoff:
             if self._kept_batches >= RECHECK_BATCHES and self._kept_seconds >= RECHECK_SECONDS:
                 self._start_measuring()
             elif self._measured_enough(self._recent):
-                drifted = statistics.fmean(self._recent) > DRIFT_RATIO * self._kept_cycle
+                drifted = statistics.fmean(self._recent) > self._drift_limit
                 self._recent.clear()
                 if drifted:
                     self._start_measuring()
@@ -165,9 +167,8 @@ class MeasuredHandoff:
         cycles, in_loaders, works = zip(*self._pooled)
         self._pooled_cycle = statistics.fmean(cycles)
         if statistics.fmean(in_loaders) * GATE_RATIO < statistics.fmean(works) / self.workers:
-            self._keep(
-                to_workers=True, cycle=self._pooled_cycle
-            )  # the workers hide the work: making it here would add it
+            # the workers hide the work: making it here would add it
+            self._keep(to_workers=True, cycle=self._pooled_cycle, rival=None)
         else:
             self._phase, self.to_workers = "probe", False
             self._here: list[float] | None = None  # cycles of batches made here, once steady
@@ -179,12 +180,12 @@ class MeasuredHandoff:
         self._here.append(cycle)
         warm = self._here[ABORT_AFTER:]  # the first few open files and fill caches of the consumer's own
         if len(warm) >= ABORT_AFTER and statistics.median(warm) > ABORT_RATIO * self._pooled_cycle:
-            self._keep(to_workers=True, cycle=self._pooled_cycle)
+            self._keep(to_workers=True, cycle=self._pooled_cycle, rival=statistics.median(warm))
         elif len(self._here) >= PROBE_BATCHES:
             here = statistics.fmean(warm)
-            if here >= self._pooled_cycle:
-                self._keep(to_workers=True, cycle=self._pooled_cycle)
-            else:  # faster than the workers were: measure them again before handing the batches over
+            if CONFIRM_MARGIN * here >= self._pooled_cycle:  # the workers clearly faster
+                self._keep(to_workers=True, cycle=self._pooled_cycle, rival=here)
+            else:  # as fast as the workers were, or faster: measure them again before handing the batches over
                 self._phase, self.to_workers = "confirm", True
                 self._here_cycle, self._settle = here, self.settle
                 self._again: list[float] = []
@@ -196,17 +197,20 @@ class MeasuredHandoff:
         self._again.append(cycle)
         if not self._measured_enough(self._again):
             return
-        again = statistics.fmean(self._again)
+        again = self._again_cycle = statistics.fmean(self._again)
         if again <= CONFIRM_MARGIN * self._here_cycle:
-            self._keep(to_workers=True, cycle=again)
+            self._keep(to_workers=True, cycle=again, rival=self._here_cycle)
         else:
             self._phase, self.to_workers = "handover", False
 
-    def _keep(self, to_workers: bool, cycle: float) -> None:
-        """Keep one way, chosen on a mean ``cycle`` (what its drift is measured against)."""
+    def _keep(self, to_workers: bool, cycle: float, rival: float | None) -> None:
+        """Keep one way, measured at a mean ``cycle``, the other at ``rival`` (None: not measured).
+        Measured again once the way kept is slower than its rival was (at least ``DRIFT_MARGIN``
+        times its own cycle, so that two close measures do not make it flip back and forth), or
+        ``DRIFT_RATIO`` times its own cycle when the rival was not measured."""
         self._phase, self.to_workers = "keep", to_workers
         self._kept_batches, self._kept_seconds = 0, 0.0
-        self._kept_cycle = cycle
+        self._drift_limit = DRIFT_RATIO * cycle if rival is None else max(rival, DRIFT_MARGIN * cycle)
         self._recent: list[float] = []  # cycles since the last look at the drift
 
 
