@@ -404,13 +404,14 @@ class Loader:
                 stats=self._stats,
             )
             self._grouping = make_grouping(execution, self.config.read.collate)
-            self._handoff = self._new_handoff()  # which reads the grouping's batches a task
+            self._handoff = self._new_handoff()  # after the grouping: it reads the batches a task holds
         return self._pool
 
     def _new_handoff(self) -> FixedHandoff | MeasuredHandoff:
         if self._running_config.execution.workers == AUTO:  # not measured yet: no workers to hand to
             return FixedHandoff(to_workers=False)
-        return make_handoff(self._running_config, per_task=lambda: self._grouping.in_use)
+        grouping = self._grouping  # not self: the handoff lives in the loader's finalizer's arguments
+        return make_handoff(self._running_config, per_task=lambda: grouping.in_use)
 
     # -- delivery and failure policy ---------------------------------------------------
     def _deliver(self, outcome: Outcome, epoch: int, planned: int, skipped_before: int) -> dict | None:
