@@ -406,6 +406,17 @@ def test_auto_picks_after_learning_enough_batches_within_time_room_and_limit():
     assert Grouping(size=3, grows_window=True).window_factor == 3
 
 
+def test_process_workers_group_within_half_of_the_free_shared_memory(monkeypatch):
+    monkeypatch.setattr(shm, "free_bytes", lambda: 1000)
+    process = make_grouping(ExecutionOptions(workers=2, mode="process"), "stack")
+    assert process.room == 500  # at most half of /dev/shm's free space, slots and window together
+    for _ in range(LEARN_BATCHES):
+        process.learn(0.0001, 15)  # 24 copies (a window of 8, 8 slots a worker) of 15 bytes: 360 fit, 720 not
+    assert process.in_use == 1
+    monkeypatch.setattr(shm, "free_bytes", lambda: None)  # unknown: the memory budget alone
+    assert make_grouping(ExecutionOptions(workers=2, mode="process", max_inflight_bytes=7), "stack").room == 7
+
+
 def test_which_loaders_group():
     def grouping(collate="stack", **execution):
         return make_grouping(ExecutionOptions(**execution), collate)

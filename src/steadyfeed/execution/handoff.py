@@ -37,7 +37,8 @@ both ways and keeps the faster:
    batches at the slower way, whether batches take microseconds or seconds. It is
    measured again sooner when its own cycles (a mean over as many batches as a measure) drift
    slower than the other way was measured (or ``DRIFT_RATIO`` times slower than its own
-   measure, where the other way was not measured; ``DRIFT_MARGIN`` at least): process workers
+   measure, where the other way was not measured; ``DRIFT_MARGIN`` at least), once between
+   two rechecks (so a way whose speed swings cannot keep the loader deciding): process workers
    reading an HDF5 file at random ran their first epoch at 200k rows/s and their third at
    86k, below the consumer's 125k, and a choice made in the first was kept for good.
 
@@ -100,6 +101,7 @@ class MeasuredHandoff:
         # tasks, since a window of tasks of 8 batches takes 8 times as long to fill. The measures
         # are not: 32 tasks of 8 batches outlasted the short epochs of a benchmark's loaders
         self._per_task = per_task
+        self._watch_drift = True  # off after a drift was seen, until the next recheck
         self._start_measuring()
 
     @property
@@ -143,14 +145,17 @@ class MeasuredHandoff:
         elif self._phase == "keep":
             self._kept_batches += 1
             self._kept_seconds += cycle
-            self._recent.append(cycle)
             if self._kept_batches >= RECHECK_BATCHES and self._kept_seconds >= RECHECK_SECONDS:
+                self._watch_drift = True
                 self._start_measuring()
-            elif self._measured_enough(self._recent):
-                drifted = statistics.fmean(self._recent) > self._drift_limit
-                self._recent.clear()
-                if drifted:
-                    self._start_measuring()
+            elif self._watch_drift:
+                self._recent.append(cycle)
+                if self._measured_enough(self._recent):
+                    drifted = statistics.fmean(self._recent) > self._drift_limit
+                    self._recent.clear()
+                    if drifted:  # once per recheck: a way that drifts back and forth cannot keep the loader deciding
+                        self._watch_drift = False
+                        self._start_measuring()
 
     def _start_measuring(self) -> None:
         self._phase, self.to_workers = "measure", True
