@@ -151,6 +151,21 @@ def test_a_way_kept_is_measured_again_once_it_drifts_slower():
     assert h._phase == "measure" and h.to_workers
 
 
+def test_workers_are_not_measured_until_the_tasks_size_is_picked():
+    """While grouping.py's "auto" learns, the workers' cost is about to change: nothing counts;
+    once it has picked, the pipeline refills (settle, in tasks of the new size) before a measure."""
+    size = {"per_task": 1, "picked": False}
+    h = H.MeasuredHandoff(settle=2, per_task=lambda: size["per_task"], steady=lambda: size["picked"])
+    feed(h, 10 * H.PROBE_BATCHES, 900 * US, 10 * US, 900 * US)
+    assert h._phase == "measure" and not h._pooled
+    size.update(per_task=4, picked=True)
+    feed(h, 2 * 4, 900 * US, 10 * US, 900 * US)  # steady: 2 tasks of 4 skipped first
+    feed(h, H.PROBE_BATCHES - 1, 100 * US, 10 * US, 900 * US)
+    assert h._phase == "measure"
+    feed(h, 1, 100 * US, 10 * US, 900 * US)
+    assert h._phase == "keep" and h._pooled_cycle == pytest.approx(100 * US)
+
+
 def test_a_drift_is_looked_at_once_between_two_rechecks():
     h = measured(settle=0)
     feed(h, H.PROBE_BATCHES, 100 * US, 10 * US, 900 * US)

@@ -120,9 +120,8 @@ class Loader:
         self._auto_since = (0, 0.0)  # (batches, seconds of batch work) counted at the last check
         self._auto_cost: float | None = None  # work per batch in the first stretch after a pick
         self._running_config = self._resolved_config()  # config with workers an int: what the pool runs
-        self._grouping = make_grouping(
-            self._running_config.execution, cfg.collate
-        )  # batches a task holds: anew with each pool
+        # batches a task holds (made anew with each pool), before the handoff, which reads it
+        self._grouping = make_grouping(self._running_config.execution, cfg.collate)
         self._handoff = self._new_handoff()  # who makes each batch; measured anew with each new pool
         self._budget = ByteBudget(self.config.execution.max_inflight_bytes)  # learns batch sizes across epochs
         self._task_ids = itertools.count()
@@ -411,7 +410,9 @@ class Loader:
         if self._running_config.execution.workers == AUTO:  # not measured yet: no workers to hand to
             return FixedHandoff(to_workers=False)
         grouping = self._grouping  # not self: the handoff lives in the loader's finalizer's arguments
-        return make_handoff(self._running_config, per_task=lambda: grouping.in_use)
+        return make_handoff(
+            self._running_config, per_task=lambda: grouping.in_use, steady=lambda: not grouping.learning
+        )
 
     # -- delivery and failure policy ---------------------------------------------------
     def _deliver(self, outcome: Outcome, epoch: int, planned: int, skipped_before: int) -> dict | None:

@@ -23,12 +23,15 @@ Guarantees (the scheduler keeps them, ``scheduler.py``):
 * samples of merged batches that disagree (one batch of 64 x 64 images, the next of 32 x 32:
   each batch collates, the merge cannot) stop the merging for the loader (:class:`Grouping`):
   such data would pay for every merge twice.
+
+A batch cut from a task is a view of the task's arrays, so a batch kept keeps its task's
+batches in memory (and a lent slot, ``shm.py``, holds a task's batches until the last is gone).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -65,13 +68,18 @@ class Grouping:
     grows_window: bool = False
     stopped: str | None = None
     picked: str | None = None  # under "auto": what it picked and why
-    _made: int = 0
-    _seconds: float = 0.0
-    _largest: int = 0
+    _made: int = field(default=0, init=False, repr=False)  # what "auto" learnt so far
+    _seconds: float = field(default=0.0, init=False, repr=False)
+    _largest: int = field(default=0, init=False, repr=False)
 
     @property
     def active(self) -> bool:
         return self.size > 1 and self.stopped is None
+
+    @property
+    def learning(self) -> bool:
+        """Under "auto", before the size is picked."""
+        return self.auto and self.picked is None
 
     @property
     def in_use(self) -> int:
@@ -86,7 +94,7 @@ class Grouping:
     def learn(self, seconds: float, nbytes: int) -> None:
         """A batch made alone took ``seconds`` of work and holds ``nbytes``: under "auto",
         counted until there are enough to pick a size."""
-        if not self.auto or self.picked is not None:
+        if not self.learning:
             return
         self._made += 1
         self._seconds += seconds
@@ -110,8 +118,7 @@ class Grouping:
 def make_grouping(execution: ExecutionOptions, collate: str) -> Grouping:
     """The grouping a new pool of ``execution`` (workers an int) starts with. None under
     ``collate="pad"`` (each batch is padded to its own largest shape), without workers, or
-    on Ray unless asked for (an actor's task costs milliseconds, a grouping there is measured
-    by who runs it)."""
+    on Ray unless a size is given (what a Ray task costs was not measured for "auto")."""
     workers = workers_count(execution.workers)
     asked, prefetch = execution.batches_per_task, execution.prefetch
     window = prefetch is None

@@ -23,10 +23,11 @@ both ways and keeps the faster:
    an HDF5 file's, read at random, made its first few batches 1.5x as slow as the rest),
    stopping early once the median of its counted cycles (``ABORT_AFTER`` at least) exceeds
    ``ABORT_RATIO`` times the workers' mean;
-3. when the consumer came out faster, or less than ``CONFIRM_MARGIN`` slower, the workers are measured once more (``PROBE_BATCHES``
-   batches, after the pipeline refills) and keep the batches only if they now beat the
-   consumer by ``CONFIRM_MARGIN`` (a second measure that merely ties the probe is noise, and
-   a tie goes to the consumer: workers are never to be a slowdown). The first measure may have been taken while the data was cold (a page
+3. when the consumer came out faster, or less than ``CONFIRM_MARGIN`` slower, the workers
+   are measured once more (``PROBE_BATCHES`` batches, after the pipeline refills) and keep
+   the batches only if they now beat the consumer by ``CONFIRM_MARGIN`` (a second measure
+   that merely ties the probe is noise, and a tie goes to the consumer: workers are never to
+   be a slowdown). The first measure may have been taken while the data was cold (a page
    cache filling, the kernel's readahead of a pack under way), and a consumer probed after
    it then looks faster for the warmer data, not for making batches itself: on a cold pack
    of JPEGs that kept two decoding threads' batches in one thread for a whole epoch. It is
@@ -94,13 +95,22 @@ class FixedHandoff:
 class MeasuredHandoff:
     """Measures batches made by workers and by the consumer; ``to_workers`` says which way now."""
 
-    def __init__(self, settle: int, workers: int = 1, per_task: Callable[[], int] = lambda: 1):
+    def __init__(
+        self,
+        settle: int,
+        workers: int = 1,
+        per_task: Callable[[], int] = lambda: 1,
+        steady: Callable[[], bool] = lambda: True,
+    ):
         self._settle_tasks = settle  # tasks to skip after (re)starting workers: the pipeline is filling
         self.workers = max(1, workers)
         # batches a worker's task holds now (grouping.py): the skip after a (re)start is counted in
         # tasks, since a window of tasks of 8 batches takes 8 times as long to fill. The measures
         # are not: 32 tasks of 8 batches outlasted the short epochs of a benchmark's loaders
         self._per_task = per_task
+        # False while the tasks' size is being picked (grouping.py "auto"): the workers' cost is
+        # about to change (and their slots to grow), so they are not measured until it is picked
+        self._steady = steady
         self._watch_drift = True  # off after a drift was seen, until the next recheck
         self._start_measuring()
 
@@ -159,10 +169,15 @@ class MeasuredHandoff:
 
     def _start_measuring(self) -> None:
         self._phase, self.to_workers = "measure", True
-        self._settle = self.settle
+        self._settle, self._unsteady = self.settle, False
         self._pooled: list[tuple[float, float, float]] = []
 
     def _measure(self, cycle: float, in_loader: float, work: float) -> None:
+        if not self._steady():
+            self._unsteady = True
+            return
+        if self._unsteady:  # now steady: the pipeline refills with tasks of the new size first
+            self._unsteady, self._settle = False, self.settle
         if self._settle > 0:
             self._settle -= 1
             return
@@ -219,12 +234,19 @@ class MeasuredHandoff:
         self._recent: list[float] = []  # cycles since the last look at the drift
 
 
-def make_handoff(config, per_task: Callable[[], int] = lambda: 1) -> FixedHandoff | MeasuredHandoff:
-    """The handoff a ``LoaderConfig`` asks for; ``per_task``: how many batches a task holds now."""
+def make_handoff(
+    config, per_task: Callable[[], int] = lambda: 1, steady: Callable[[], bool] = lambda: True
+) -> FixedHandoff | MeasuredHandoff:
+    """The handoff a ``LoaderConfig`` asks for; ``per_task``: how many batches a task holds now;
+    ``steady``: whether that number is settled. The skip after a (re)start is two windows of
+    tasks: the first window's tasks also make each process worker's slots."""
     if config.execution.workers == 0:
         return FixedHandoff(to_workers=False)
     if not config.makes_batches_inline:
         return FixedHandoff(to_workers=True)
     return MeasuredHandoff(
-        settle=config.execution.effective_prefetch, workers=config.execution.workers, per_task=per_task
+        settle=2 * config.execution.effective_prefetch,
+        workers=config.execution.workers,
+        per_task=per_task,
+        steady=steady,
     )
