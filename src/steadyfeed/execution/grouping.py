@@ -31,6 +31,7 @@ batches in memory (and a lent slot, ``shm.py``, holds a task's batches until the
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,7 +42,10 @@ from . import shm
 from .auto import memory_budget
 from .pool import TASKS_PER_WORKER
 
-TASK_SECONDS = 0.02  # "auto" groups batches until a task takes about this long to make
+# "auto" groups batches until a task takes about this long to make: JPEG batches of 32 (3-6 ms
+# in a worker on 2 busy cores) ran fastest at 8 a task (2 processes: 22.6-23.1k images/s against
+# 22.3-22.6k at 4, 21.7k at 2, 19.1-20.4k at 1), so 8 of them must fit
+TASK_SECONDS = 0.05
 MAX_BATCHES = 8  # batches one task may hold under "auto"
 LEARN_BATCHES = 16  # batches made one per task before "auto" picks
 
@@ -53,7 +57,8 @@ class Grouping:
     ``size`` is ``ExecutionOptions.batches_per_task``, or under ``"auto"`` 1 until
     ``LEARN_BATCHES`` batches have been made, then what :meth:`learn` picks: enough batches
     for a task of ``TASK_SECONDS`` (the fixed cost of a task, ~0.2-0.4 ms of CPU on both
-    sides together, then stays under 2%), at most ``MAX_BATCHES``, ``limit`` (what the
+    sides together, then stays under 1%; the median batch of the first ``LEARN_BATCHES``), at
+    most ``MAX_BATCHES``, ``limit`` (what the
     loader allows: an explicit ``prefetch`` must hold a worker's two tasks) and as many as
     ``room`` bytes hold, ``copies`` times over (the window and, in process mode, the
     workers' slots, each that many batches per batch a task holds). ``grows_window``: the
@@ -68,8 +73,7 @@ class Grouping:
     grows_window: bool = False
     stopped: str | None = None
     picked: str | None = None  # under "auto": what it picked and why
-    _made: int = field(default=0, init=False, repr=False)  # what "auto" learnt so far
-    _seconds: float = field(default=0.0, init=False, repr=False)
+    _seconds: list = field(default_factory=list, init=False, repr=False)  # what "auto" learnt so far
     _largest: int = field(default=0, init=False, repr=False)
 
     @property
@@ -96,11 +100,10 @@ class Grouping:
         counted until there are enough to pick a size."""
         if not self.learning:
             return
-        self._made += 1
-        self._seconds += seconds
+        self._seconds.append(seconds)
         self._largest = max(self._largest, nbytes)
-        if self._made >= LEARN_BATCHES:
-            self.size, self.picked = self._pick(self._seconds / self._made, self._largest)
+        if len(self._seconds) >= LEARN_BATCHES:  # the median: a worker's first batches also start it
+            self.size, self.picked = self._pick(statistics.median(self._seconds), self._largest)
 
     def _pick(self, seconds: float, nbytes: int) -> tuple[int, str]:
         by_time = MAX_BATCHES if seconds <= 0 else max(1, math.ceil(TASK_SECONDS / seconds))
