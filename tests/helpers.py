@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import signal
 import sys
@@ -11,7 +12,13 @@ import time
 import numpy as np
 
 from steadyfeed import ArraySource
+from steadyfeed.execution.handoff import FixedHandoff
+from steadyfeed.execution.protocol import Done, Lost
+from steadyfeed.execution.scheduler import EpochRun
+from steadyfeed.execution.task import BatchResult, Running
+from steadyfeed.sampling.plan import build_plan
 from steadyfeed.sources.base import LazyHandles
+from steadyfeed.stats import LoaderStats
 
 HANG_SECONDS = 600.0  # past every test's timeout: a hang ends only when the test releases it
 
@@ -345,3 +352,89 @@ class RefusedInPacker:
 
     def fingerprint(self):
         return "refused:" + self.inner.fingerprint()
+
+
+def epoch_run(
+    pool,
+    n: int,
+    batch_size: int,
+    *,
+    prefetch: int,
+    retries: int = 0,
+    stop_on_failure: bool = False,
+    max_blameless_deaths: int = 3,
+    grouping=None,
+):
+    """An EpochRun of ids 0..n-1 in order, in batches of ``batch_size``, on a scripted ``pool``
+    whose workers always get the batches (tests of the scheduler, with no real worker)."""
+    plan = build_plan(
+        np.arange(n, dtype=np.int64),
+        batch_size=batch_size,
+        shard_index=0,
+        shard_count=1,
+        last_batch="partial",
+        with_draws=False,
+    )
+    return EpochRun(
+        pool,
+        plan,
+        epoch=0,
+        start=0,
+        prefetch=prefetch,
+        retries=retries,
+        stop_on_failure=stop_on_failure,
+        task_ids=itertools.count(),
+        max_blameless_deaths=max_blameless_deaths,
+        stats=LoaderStats(),
+        handoff=FixedHandoff(to_workers=True),
+        grouping=grouping,
+    )
+
+
+def result_of(task):
+    kept = [p for p in range(len(task.spec.ids)) if p not in task.excluded]
+    return BatchResult(task.task_id, task.spec.index, {"id": task.spec.ids[kept]}, (), {"read": 0.0})
+
+
+class ScriptedPool:
+    """A pool for tests of the scheduler, with no real worker: ``script(task) -> None`` finishes
+    the task with ``finish(task)`` (by default its kept ids, ``result_of``); ``-> (position or
+    Stage or None, cause)`` loses its worker while at that place. ``order`` picks which pending
+    task reports first; ``workers``: how many the pool says it has (idle: those beyond the
+    pending tasks)."""
+
+    def __init__(self, script=lambda task: None, capacity=4, order="lifo", finish=None, workers=2):
+        self.script, self.capacity, self.order = script, capacity, order
+        self.finish, self.workers = finish or result_of, workers
+        self.pending, self.submitted, self.max_in_flight = [], [], 0
+
+    def free_slots(self):
+        return self.capacity - len(self.pending)
+
+    def idle_workers(self):
+        return max(0, self.workers - len(self.pending))
+
+    def submit(self, task):
+        assert self.free_slots() > 0, "submitted past free_slots()"
+        self.pending.append(task)
+        self.submitted.append(task)
+        self.max_in_flight = max(self.max_in_flight, len(self.pending))
+
+    def run_here(self, task):
+        raise AssertionError("the workers' handoff never makes a batch in the consumer")
+
+    def drain(self):
+        return []
+
+    def wait(self, timeout):
+        assert self.pending, "waited with nothing in flight: the run would hang"
+        task = self.pending.pop(-1 if self.order == "lifo" else 0)
+        scripted = self.script(task)
+        if scripted is None:
+            return [Done(self.finish(task))]
+        where, cause = scripted  # where None: lost with no sample to blame (a Ray node gone)
+        running = None if where is None else Running(task.task_id, where, 1.0)
+        return [Lost((task,), running, cause, f"scripted {cause}")]
+
+    def shutdown(self):
+        pass

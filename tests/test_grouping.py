@@ -6,12 +6,11 @@ The scheduler half runs the real ``run_batch`` in a pool that finishes tasks in 
 order and loses workers where told; the loader half runs real threads and processes.
 """
 
-import itertools
 import os
 
 import numpy as np
 import pytest
-from helpers import FaultySource, epoch_digest, failing_transform, noisy, paired_source
+from helpers import FaultySource, ScriptedPool, epoch_digest, epoch_run, failing_transform, noisy, paired_source
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,13 +29,9 @@ from steadyfeed.execution.grouping import (
     merged,
     split,
 )
-from steadyfeed.execution.handoff import FixedHandoff
 from steadyfeed.execution.pool import TASKS_PER_WORKER
-from steadyfeed.execution.protocol import Done, Lost
-from steadyfeed.execution.scheduler import EpochRun
-from steadyfeed.execution.task import Running, Stage, StatusSlot, WorkContext
-from steadyfeed.sampling.plan import BatchSpec, build_plan
-from steadyfeed.stats import LoaderStats
+from steadyfeed.execution.task import Stage, StatusSlot, WorkContext
+from steadyfeed.sampling.plan import BatchSpec
 
 
 # -- the pieces ------------------------------------------------------------------------------------
@@ -73,67 +68,18 @@ def test_only_batches_whose_rows_are_their_ids_merge():
 
 
 # -- the scheduler, with the real run_batch ----------------------------------------------------------
-class DeferredPool:
-    """Makes each task with ``run_batch`` when the scheduler waits, newest or oldest first;
-    ``lose(task)`` -> ``(position or Stage or None, cause)`` loses its worker there instead."""
-
-    def __init__(self, ctx, order="lifo", lose=lambda task: None, capacity=4, workers=2):
-        self.ctx, self.order, self.lose, self.capacity, self.workers = ctx, order, lose, capacity, workers
-        self.pending, self.submitted = [], []
-
-    def free_slots(self):
-        return self.capacity - len(self.pending)
-
-    def idle_workers(self):
-        return max(0, self.workers - len(self.pending))
-
-    def submit(self, task):
-        assert self.free_slots() > 0
-        self.pending.append(task)
-        self.submitted.append(task)
-
-    def run_here(self, task):
-        raise AssertionError("the workers' handoff never makes a batch in the consumer")
-
-    def drain(self):
-        return []
-
-    def wait(self, timeout):
-        assert self.pending, "waited with nothing in flight: the run would hang"
-        task = self.pending.pop(-1 if self.order == "lifo" else 0)
-        scripted = self.lose(task)
-        if scripted is None:
-            return [Done(run_batch(task, self.ctx, StatusSlot([-1, -1, 0.0])))]
-        where, cause = scripted
-        running = None if where is None else Running(task.task_id, where, 1.0)
-        return [Lost((task,), running, cause, f"scripted {cause}")]
-
-    def shutdown(self):
-        pass
+def DeferredPool(ctx, order="lifo", lose=lambda task: None, capacity=4, workers=2):  # noqa: N802 - a pool's name
+    """A scripted pool (``helpers.ScriptedPool``) whose tasks are made with the real ``run_batch``
+    when the scheduler waits; ``lose(task)`` loses a worker instead, where it says."""
+    return ScriptedPool(
+        lose, capacity, order, finish=lambda task: run_batch(task, ctx, StatusSlot([-1, -1, 0.0])), workers=workers
+    )
 
 
 def epoch_of(pool, n, batch_size, size, retries=0, stop_on_failure=False, prefetch=8, grouping=None):
-    plan = build_plan(
-        np.arange(n, dtype=np.int64),
-        batch_size=batch_size,
-        shard_index=0,
-        shard_count=1,
-        last_batch="partial",
-        with_draws=False,
-    )
-    run = EpochRun(
-        pool,
-        plan,
-        epoch=0,
-        start=0,
-        prefetch=prefetch,
-        retries=retries,
-        stop_on_failure=stop_on_failure,
-        task_ids=itertools.count(),
-        max_blameless_deaths=3,
-        stats=LoaderStats(),
-        handoff=FixedHandoff(to_workers=True),
-        grouping=grouping if grouping is not None else Grouping(size),
+    grouping = grouping if grouping is not None else Grouping(size)
+    run = epoch_run(
+        pool, n, batch_size, prefetch=prefetch, retries=retries, stop_on_failure=stop_on_failure, grouping=grouping
     )
     outcomes = []
     for outcome in run:

@@ -6,83 +6,24 @@ back a stale result. So the scheduler's fault bookkeeping is tested on its own, 
 independent of threads, processes and timing.
 """
 
-import itertools
-
 import numpy as np
 import pytest
+from helpers import ScriptedPool, epoch_run
 
 from steadyfeed.errors import WorkerDied
-from steadyfeed.execution.handoff import FixedHandoff
 from steadyfeed.execution.protocol import Done, Lost
-from steadyfeed.execution.scheduler import EpochRun
-from steadyfeed.execution.task import BatchResult, Running, Stage
-from steadyfeed.sampling.plan import build_plan
-from steadyfeed.stats import LoaderStats
-
-
-def result_of(task):
-    kept = [p for p in range(len(task.spec.ids)) if p not in task.excluded]
-    return BatchResult(task.task_id, task.spec.index, {"id": task.spec.ids[kept]}, (), {"read": 0.0})
-
-
-class ScriptedPool:
-    """``script(task) -> None`` finishes the task; ``-> (position or Stage or None, cause)`` loses
-    its worker while at that place. ``order`` picks which pending task reports first."""
-
-    def __init__(self, script=lambda task: None, capacity=4, order="lifo"):
-        self.script, self.capacity, self.order = script, capacity, order
-        self.pending, self.submitted, self.max_in_flight = [], [], 0
-
-    def free_slots(self):
-        return self.capacity - len(self.pending)
-
-    def submit(self, task):
-        assert self.free_slots() > 0, "submitted past free_slots()"
-        self.pending.append(task)
-        self.submitted.append(task)
-        self.max_in_flight = max(self.max_in_flight, len(self.pending))
-
-    def run_here(self, task):
-        raise AssertionError("the workers' handoff never makes a batch in the consumer")
-
-    def drain(self):
-        return []
-
-    def wait(self, timeout):
-        assert self.pending, "waited with nothing in flight: the run would hang"
-        task = self.pending.pop(-1 if self.order == "lifo" else 0)
-        scripted = self.script(task)
-        if scripted is None:
-            return [Done(result_of(task))]
-        where, cause = scripted  # where None: lost with no sample to blame (a Ray node gone)
-        running = None if where is None else Running(task.task_id, where, 1.0)
-        return [Lost((task,), running, cause, f"scripted {cause}")]
-
-    def shutdown(self):
-        pass
+from steadyfeed.execution.task import BatchResult, Stage
 
 
 def run(pool, n=24, batch_size=4, retries=0, stop_on_failure=False, prefetch=3, max_blameless_deaths=3):
-    plan = build_plan(
-        np.arange(n, dtype=np.int64),
-        batch_size=batch_size,
-        shard_index=0,
-        shard_count=1,
-        last_batch="partial",
-        with_draws=False,
-    )
-    epoch = EpochRun(
+    epoch = epoch_run(
         pool,
-        plan,
-        epoch=0,
-        start=0,
+        n,
+        batch_size,
         prefetch=prefetch,
         retries=retries,
         stop_on_failure=stop_on_failure,
-        task_ids=itertools.count(),
         max_blameless_deaths=max_blameless_deaths,
-        stats=LoaderStats(),
-        handoff=FixedHandoff(to_workers=True),
     )
     return list(epoch)
 
