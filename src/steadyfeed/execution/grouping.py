@@ -21,8 +21,8 @@ Guarantees (the scheduler keeps them, ``scheduler.py``):
   ``retries`` allows, and its failure is the one it had), so what the consumer sees is what
   tasks of one batch would have given;
 * samples of merged batches that disagree (one batch of 64 x 64 images, the next of 32 x 32:
-  each batch collates, the merge cannot) stop the merging for the loader (:class:`Grouping`):
-  such data would pay for every merge twice.
+  each batch collates, the merge cannot) stop the merging for the life of the pool
+  (:class:`Grouping`): such data would pay for every merge twice.
 
 A batch cut from a task is a view of the task's arrays, so a batch kept keeps its task's
 batches in memory (and a lent slot, ``shm.py``, holds a task's batches until the last is gone).
