@@ -1,4 +1,5 @@
-"""Module-level sources and transforms for the tests (process mode pickles them by reference)."""
+"""Module-level sources and transforms for the tests (process mode pickles them by reference),
+and the scripted pool and epoch that the scheduler's tests drive with no real worker."""
 
 from __future__ import annotations
 

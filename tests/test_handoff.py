@@ -143,6 +143,7 @@ def test_a_way_kept_is_measured_again_once_it_drifts_slower():
     h = measured(settle=0)
     feed(h, H.PROBE_BATCHES, 100 * US, 10 * US, 900 * US)  # the gate: workers hide the work
     assert h._phase == "keep" and h.to_workers
+    feed(h, H.DRIFT_AFTER, 100 * US, 10 * US, 900 * US)  # no look before DRIFT_AFTER batches
     feed(h, H.PROBE_BATCHES, 110 * US, 10 * US, 900 * US)
     assert h._phase == "keep"
     feed(h, H.PROBE_BATCHES - 1, 130 * US, 10 * US, 900 * US)
@@ -169,11 +170,12 @@ def test_workers_are_not_measured_until_the_tasks_size_is_picked():
 def test_a_drift_is_looked_at_once_between_two_rechecks():
     h = measured(settle=0)
     feed(h, H.PROBE_BATCHES, 100 * US, 10 * US, 900 * US)
+    feed(h, H.DRIFT_AFTER, 100 * US, 10 * US, 900 * US)
     feed(h, H.PROBE_BATCHES, 130 * US, 10 * US, 900 * US)  # drifted: measured again
     assert h._phase == "measure"
     feed(h, H.PROBE_BATCHES, 130 * US, 10 * US, 900 * US)  # and kept
     assert h._phase == "keep" and h.to_workers
-    feed(h, 4 * H.PROBE_BATCHES, 300 * US, 10 * US, 900 * US)  # drifts again: kept till the recheck
+    feed(h, H.DRIFT_AFTER + 4 * H.PROBE_BATCHES, 300 * US, 10 * US, 900 * US)  # drifts again: kept
     assert h._phase == "keep"
 
 
@@ -185,6 +187,8 @@ def test_a_consumer_kept_is_measured_again_once_slower_than_the_workers_were():
     feed(h, 1 + H.PROBE_BATCHES, 170 * US, 170 * US, 160 * US, made_here=True)
     confirmed(h, 300 * US)
     assert h._phase == "keep" and not h.to_workers
+    feed(h, H.DRIFT_AFTER, 400 * US, 400 * US, 160 * US, made_here=True)  # not looked at yet
+    assert h._phase == "keep"
     feed(h, H.PROBE_BATCHES, 290 * US, 290 * US, 160 * US, made_here=True)
     assert h._phase == "keep"
     feed(h, H.PROBE_BATCHES, 310 * US, 310 * US, 160 * US, made_here=True)

@@ -68,6 +68,7 @@ ABORT_RATIO = 1.25
 ABORT_AFTER = 4
 DRIFT_RATIO = 1.25  # the way kept is measured again once its cycles are this many times slower
 DRIFT_MARGIN = 1.1  # or slower than the other way measured, and at least this many times its own
+DRIFT_AFTER = 256  # batches kept before the drift is looked at (a window measured after a decision holds one way)
 CONFIRM_MARGIN = 0.9  # workers measured again keep the batches only at 0.9x the consumer's cycle or less
 GATE_RATIO = 4.0
 WORK_STAGES = ("read", "transform", "collate")  # making a batch; "transport" is the hand-off
@@ -158,7 +159,7 @@ class MeasuredHandoff:
             if self._kept_batches >= RECHECK_BATCHES and self._kept_seconds >= RECHECK_SECONDS:
                 self._watch_drift = True
                 self._start_measuring()
-            elif self._watch_drift:
+            elif self._watch_drift and self._kept_batches > DRIFT_AFTER:
                 self._recent.append(cycle)
                 if self._measured_enough(self._recent):
                     drifted = statistics.fmean(self._recent) > self._drift_limit
