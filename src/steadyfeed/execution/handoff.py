@@ -39,7 +39,9 @@ both ways and keeps the faster:
    measured again sooner when its own cycles (a mean over as many batches as a measure) drift
    slower than the other way was measured (or ``DRIFT_RATIO`` times slower than its own
    measure, where the other way was not measured; ``DRIFT_MARGIN`` at least), once between
-   two rechecks (so a way whose speed swings cannot keep the loader deciding): process workers
+   two rechecks (so a way whose speed swings cannot keep the loader deciding), and not in
+   the first ``DRIFT_AFTER`` batches kept (the pipeline refilling after a probe read as a
+   drift, and ``steadyfeed bench``'s window after a decision then held a mix): process workers
    reading an HDF5 file at random ran their first epoch at 200k rows/s and their third at
    86k, below the consumer's 125k, and a choice made in the first was kept for good.
 
