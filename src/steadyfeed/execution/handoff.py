@@ -136,8 +136,8 @@ class MeasuredHandoff:
 
     def new_epoch(self) -> None:
         """The pipeline starts empty: a measure of the workers in progress skips its refill again
-        and goes on with what it has (a measure of 32 tasks of 8 batches is longer than the epoch
-        of some datasets: started afresh at each, it would never end)."""
+        and goes on with what it has (a skip of two windows of tasks of 8 batches and a measure
+        can outlast the epoch of a small dataset: started afresh at each, it would never end)."""
         if self._phase in ("measure", "confirm"):
             self._settle = self.settle
 

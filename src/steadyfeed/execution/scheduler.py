@@ -262,7 +262,7 @@ class EpochRun:
                 batch.spec, result.arrays, failures, dict(result.timings), result.disagreement
             )
             nbytes = batch_bytes(result.arrays)
-            if result.arrays is not None and not failures:
+            if self.grouping.learning and result.arrays is not None and not failures:
                 self.grouping.learn(sum(result.timings.get(stage, 0.0) for stage in WORK_STAGES), nbytes)
             if self.budget.learn(nbytes):
                 self._fill_window()  # the first size known: the window may hold more than one batch now
