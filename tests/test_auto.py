@@ -13,7 +13,7 @@ from helpers import epoch_digest, noisy, paired_source
 
 from steadyfeed import Loader
 from steadyfeed.config import ExecutionOptions, LoaderConfig
-from steadyfeed.execution import auto
+from steadyfeed.execution import auto, grouping
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,11 +42,24 @@ def test_gil_bound_work_gets_processes_unless_batches_are_cheaper_than_shipping_
 
 
 def test_work_that_threads_scale_only_partly_gets_processes():
-    """JPEG batches (2.5 ms, two threads 1.13-1.59x as fast as one in short probes) and npy
+    """JPEG batches (2.5 ms, two threads 1.13-1.6x as fast as one in short probes) and npy
     pairs (0.6 ms, per-file Python) ran faster on processes, which lend their batches."""
-    jpeg = auto.choose(probe(batch_ms=2.5, speedup=1.45), cores=2, budget=None, no_processes=ALWAYS)
+    for speedup in (1.13, 1.45, 1.6):
+        jpeg = auto.choose(probe(batch_ms=2.5, speedup=speedup), cores=2, budget=None, no_processes=ALWAYS)
+        assert jpeg.mode == "process"
     npy = auto.choose(probe(batch_ms=0.6, speedup=1.0), cores=2, budget=None, no_processes=ALWAYS)
-    assert jpeg.mode == npy.mode == "process"
+    assert npy.mode == "process"
+
+
+def test_cheap_batches_that_share_a_task_are_worth_sending_from_a_process():
+    """Page-cached HDF5 rows, 0.16 ms a batch: one a task costs less than sending it, eight do not."""
+    hdf5 = probe(batch_ms=0.16, speedup=1.0)
+    alone = auto.choose(hdf5, cores=2, budget=None, no_processes=ALWAYS)
+    grouped = auto.choose(hdf5, cores=2, budget=None, no_processes=ALWAYS, per_task=grouping.batches_for)
+    assert alone.mode == "thread" and "a batch takes 0.16 ms" in alone.reason
+    assert grouped.mode == "process"
+    tiny = auto.choose(probe(batch_ms=0.02, speedup=1.0), 2, None, ALWAYS, per_task=grouping.batches_for)
+    assert tiny.mode == "thread" and "a task of 8 batches of 0.020 ms each takes 0.16 ms" in tiny.reason
 
 
 def test_processes_are_asked_about_only_when_they_would_be_picked_and_a_refusal_keeps_threads():
@@ -171,6 +184,18 @@ def test_a_loader_measures_again_when_batches_change_cost_and_restarts_its_worke
         digests.append(epoch_digest(loader.epoch(2)))  # epoch 1's cost "changed": measured again
         assert loader.stats()["mode"] == "process"
     assert digests == expected and asked == [20, 20]
+
+
+@pytest.mark.parametrize(
+    "options, mode",
+    [({}, "process"), ({"batches_per_task": 1}, "thread"), ({"collate": "pad"}, "thread")],
+    ids=["grouped", "one-a-task", "padded"],
+)
+def test_a_loader_weighs_cheap_batches_by_the_tasks_they_would_share(monkeypatch, options, mode, no_leaks):
+    scripted(monkeypatch, probe(batch_ms=0.16, speedup=1.0))
+    with Loader(paired_source(40), 4, workers="auto", **options) as loader:
+        assert sum(len(b["x"]) for b in loader) == 40
+        assert loader.stats()["auto"]["mode"] == mode
 
 
 def test_unset_workers_are_0_when_iterated_and_auto_under_keras(monkeypatch):

@@ -169,3 +169,21 @@ def test_a_pack_of_images_half_held_decoded_reads_into_the_batch(tmp_path):
     assert batch["y"].tolist() == [1, 0, 1, 0]
     assert len(slot.made) == 1 and returned[0]["x"] is slot.made[0]["x"] is batch["x"]  # decoded into it
     packed.close()
+
+
+def test_hdf5_rows_are_read_into_the_batch_in_the_order_asked(tmp_path):
+    import h5py
+
+    from steadyfeed.sources.hdf5 import Hdf5Source
+
+    images = np.arange(10 * 4 * 3, dtype=np.uint8).reshape(10, 4, 3)
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f.create_dataset("images", data=images, chunks=(4, 4, 3))
+        f.create_dataset("labels", data=np.arange(10) * 10)
+    source, slot = Hdf5Source(str(tmp_path / "d.h5"), x="/images", y="/labels"), Recording()
+    returned = spy(source)
+    batch = run(source, slot, ids=(7, 2, 9, 2, 3))
+    np.testing.assert_array_equal(batch["x"], images[[7, 2, 9, 2, 3]])
+    assert batch["y"].tolist() == [70, 20, 90, 20, 30] and batch["id"].tolist() == [7, 2, 9, 2, 3]
+    assert len(slot.made) == 1 and returned[0]["x"] is slot.made[0]["x"] is batch["x"]  # read into it
+    source.close()

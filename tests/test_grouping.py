@@ -406,3 +406,12 @@ def test_batches_that_cost_more_than_a_task_should_stay_one_a_task(monkeypatch, 
     with Loader(paired_source(100), 4, workers=2, inline_when_faster=False) as loader:
         list(loader)
         assert loader.stats()["batches_per_task"] == 1 and loader.stats()["prefetch"] == 8
+
+
+def test_the_rule_workers_auto_asks_follows_the_options():
+    """What ``workers="auto"`` weighs a batch's cost by, before any pool exists (``auto.py``)."""
+    assert grouping_module.per_task_rule(ExecutionOptions(workers=2), "stack")(0.0002) == grouping_module.MAX_BATCHES
+    assert grouping_module.per_task_rule(ExecutionOptions(workers=2), "stack")(0.02) == 3  # 3 x 20 ms: 50 ms
+    assert grouping_module.per_task_rule(ExecutionOptions(workers=2), "stack")(1.0) == 1
+    assert grouping_module.per_task_rule(ExecutionOptions(workers=2, batches_per_task=3), "stack")(1.0) == 3
+    assert grouping_module.per_task_rule(ExecutionOptions(workers=2), "pad")(0.0002) == 1

@@ -95,6 +95,39 @@ def test_read_many_returns_per_sample_rows_for_shuffled_ids_with_repeats(tmp_pat
         assert sample["y"] == src[i]["y"] == expected_y[i]
 
 
+class Given:
+    """An allocator standing for a shared-memory slot: arrays full of a marker value, kept."""
+
+    def __init__(self):
+        self.made = []
+
+    def __call__(self, specs):
+        self.made.append({key: np.full(shape, 77, dtype) for key, (shape, dtype) in specs.items()})
+        return self.made[-1]
+
+
+@pytest.mark.parametrize("gap_bytes", [0, hdf5.GAP_BYTES])
+@pytest.mark.parametrize(
+    "layout",
+    [{}, {"chunks": (16, WIDTH)}, {"chunks": (16, WIDTH), "compression": "gzip"}],
+    ids=["contiguous", "chunked", "gzip"],
+)
+def test_read_batch_puts_each_row_in_its_place_in_the_arrays_given(tmp_path, layout, gap_bytes, monkeypatch):
+    monkeypatch.setattr(hdf5, "GAP_BYTES", gap_bytes)
+    src = Hdf5Source(write_paired(tmp_path / "d.h5", 300, **layout), x="/images", y="/meta/labels")
+    ids = np.random.default_rng(2).permutation(np.concatenate([np.arange(40, 60), [7, 7, 299, 0, 41]]))
+    given = Given()
+    batch = src.read_batch(ids, allocate=given)
+    assert len(given.made) == 1 and all(batch[key] is given.made[0][key] for key in ("x", "y"))
+    expected_x, expected_y = paired_rows(0, 300)
+    np.testing.assert_array_equal(batch["x"], expected_x[ids])
+    np.testing.assert_array_equal(batch["y"], expected_y[ids])
+    in_order = src.read_batch(np.arange(100, 132), allocate=given)
+    assert in_order["x"] is given.made[1]["x"]
+    np.testing.assert_array_equal(in_order["x"], expected_x[100:132])
+    src.close()
+
+
 def test_concurrent_reads_from_threads_share_one_file_correctly(paired_file):
     src = Hdf5Source(paired_file, x="/images", y="/meta/labels")
     expected_x, _ = paired_rows(0, 300)
@@ -376,9 +409,14 @@ def ids_with_runs():
 @example(ids=[N_RAW - 1, 0, N_RAW - 1, 7, 8, 7])
 def test_raw_reads_match_h5py_bit_for_bit(raw_layouts, gap_bytes, ids):
     src, _, data = raw_layouts
+    given = Given()
     with mock.patch.object(hdf5, "GAP_BYTES", gap_bytes):
         batch = src.read_batch(ids)
-    assert_bit_exact(batch, {name: rows[ids] for name, rows in data.items()})
+        into = src.read_batch(ids, allocate=given)
+    expected = {name: rows[ids] for name, rows in data.items()}
+    assert_bit_exact(batch, expected)
+    assert_bit_exact(into, expected)
+    assert all(into[name] is given.made[0][name] for name in data)
 
 
 @pytest.mark.parametrize(
@@ -423,6 +461,24 @@ def test_raw_reads_take_one_syscall_per_span_not_per_row(raw_layouts, monkeypatc
     assert reads("images", np.arange(10, 150)) == 1  # consecutive 12 KB rows over 5 chunks
     assert reads("reversed", np.arange(10, 30)) == 3  # chunks 1..3, stored last to first: one read each
     assert reads("images", [150, 3, 40, 41, 42, 100]) == 4  # 12 KB rows far apart: one read each (40..42 one)
+    assert reads("images", [150, 42, 3, 40, 41, 100]) == 4  # the run 40..42 too, each row to its place
+
+
+def test_a_shuffled_batch_is_read_straight_into_its_rows(raw_layouts, monkeypatch):
+    """In file order, each row into its place in the batch: no sorted batch reordered after
+    (a second batch-sized array, which costs a fresh batch's page faults each time)."""
+    _, path, data = raw_layouts
+    src, given = Hdf5Source(path, x="/images"), Given()
+    ids = [150, 42, 3, 40, 41, 100]
+    out = given({"x": ((len(ids), 64, 64, 3), np.uint8)})["x"]
+    buffers = []
+    preadv = os.preadv
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, offset: buffers.extend(bufs) or preadv(fd, bufs, offset))
+    batch = src.read_batch(ids, allocate=lambda specs: {"x": out})
+    assert batch["x"] is out
+    assert_bit_exact(batch, {"x": data["images"][ids]})
+    assert len(buffers) == len(ids) and all(np.shares_memory(np.frombuffer(b, np.uint8), out) for b in buffers)
+    src.close()
 
 
 @pytest.mark.parametrize("ids", [[40], [40, 42]], ids=["run", "span"])

@@ -22,7 +22,7 @@ from .errors import SampleError, SampleTimeout, TooManyErrors, WorkerDied, with_
 from .execution import auto
 from .execution.auto import AutoChoice
 from .execution.batch import collate_error
-from .execution.grouping import Grouping, make_grouping
+from .execution.grouping import Grouping, make_grouping, per_task_rule
 from .execution.handoff import WORK_STAGES, FixedHandoff, MeasuredHandoff, make_handoff
 from .execution.pool import InlinePool, make_pool
 from .execution.scheduler import ByteBudget, EpochRun, Outcome
@@ -356,7 +356,8 @@ class Loader:
         plan = self._plan(epoch)
         probe = auto.measure(lambda k: _nbytes(self.peek(k, epoch)), len(plan))
         budget = auto.memory_budget(self.config.execution.max_inflight_bytes)
-        choice = auto.choose(probe, auto.usable_cores(), budget, self._why_no_processes)
+        per_task = per_task_rule(self.config.execution, self.config.read.collate)
+        choice = auto.choose(probe, auto.usable_cores(), budget, self._why_no_processes, per_task)
         if self._auto is None or (choice.workers, choice.mode) != (self._auto.workers, self._auto.mode):
             self._shutdown_pool()  # started again, as chosen, by _ensure_pool
         self._auto, self._auto_cost = choice, None

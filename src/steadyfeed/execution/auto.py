@@ -10,10 +10,13 @@ few more in two threads at once, and picks:
   when given, else a quarter of the memory available now;
 * **the mode**: ``"thread"`` when two threads made batches at least ``THREADS_SCALE``
   times as fast as one did one after the other (the work releases the GIL: decoders, file
-  reads, numpy), or when a batch costs less than ``PROCESS_WORTH_SECONDS`` (less than
+  reads, numpy), or when a task costs less than ``PROCESS_WORTH_SECONDS`` (less than
   sending it from a process costs; the consumer may then make batches itself,
-  ``handoff.py``); otherwise ``"process"`` (the work holds the GIL), unless the source
-  cannot go to a process (it does not pickle, or it says so through ``unsupported``).
+  ``handoff.py``). A task holds as many batches as ``batches_per_task`` would put in one
+  (``grouping.py``: 8 batches of a page-cached HDF5 file's rows, 0.16 ms each, make a task
+  worth sending). Otherwise ``"process"`` (the work holds the GIL, or scales on threads only
+  partly), unless the source cannot go to a process (it does not pickle, or it says so
+  through ``unsupported``).
 
 The probe's batches are made and dropped: they cost a few batches of time, once. Which
 workers make a batch never changes what it holds, so the choice shows only in speed and
@@ -38,10 +41,13 @@ from ..config import PREFETCH_PER_WORKER, Mode
 # 1.13x-1.59x in short probes on the 2-core VM. Since process workers lend their batches (no
 # copy) and the consumer's thread talks to them directly (no thread hop), processes are as fast
 # as threads or faster on JPEG (19.5k against 16.1k images/s) and npy pairs (65k against 49k),
-# whose per-file Python holds the GIL: threads only when they scale nearly as two cores do
-THREADS_SCALE = 1.6
-# a batch cheaper than this costs less to make than to ship from a process (~0.2 ms of CPU a
-# batch, the consumer's and the worker's together; page-cached HDF5 rows cost ~0.04 ms)
+# whose per-file Python holds the GIL: threads only when they scale nearly as two cores do. A
+# JPEG probe once measured 1.6x, and its 2 threads then ran at 0.89x of 2 processes (18.4k
+# against 20.7k images/s): processes unless threads come close to 2x
+THREADS_SCALE = 1.8
+# a task cheaper than this costs less to make than to ship from a process (~0.2 ms of CPU a
+# task, the consumer's and the worker's together; a batch of 32 page-cached HDF5 rows costs
+# 0.16 ms, in order, and 8 of them in one task ran at 1.4x workers=0 on 2 processes)
 PROCESS_WORTH_SECONDS = 0.0004
 MEMORY_SHARE = 4  # without max_inflight_bytes, queued batches may take 1/4 of the memory available
 RECHECK_RATIO = 4.0  # a batch cost this many times higher or lower than measured: measure again
@@ -170,11 +176,18 @@ def can_use_processes(ctx, unsupported: Callable[[Mode], str | None]) -> str | N
     return None
 
 
-def choose(probe: Probe, cores: int, budget: int | None, no_processes: Callable[[], str | None]) -> AutoChoice:
+def choose(
+    probe: Probe,
+    cores: int,
+    budget: int | None,
+    no_processes: Callable[[], str | None],
+    per_task: Callable[[float], int] = lambda seconds: 1,
+) -> AutoChoice:
     """The choice for these measurements (see the module docstring for the rules);
-    ``no_processes()`` says why processes cannot be used, asked only when they would be."""
+    ``no_processes()`` says why processes cannot be used, asked only when they would be;
+    ``per_task(seconds)``: how many batches of that cost one task would hold (``grouping.py``)."""
     speedup = probe.thread_speedup
-    mode, reason = _mode(probe, cores, speedup, no_processes)
+    mode, reason = _mode(probe, cores, speedup, no_processes, per_task)
     workers = cores
     if budget is not None and probe.batch_bytes:
         fit = max(1, budget // (PREFETCH_PER_WORKER * probe.batch_bytes))
@@ -187,7 +200,13 @@ def choose(probe: Probe, cores: int, budget: int | None, no_processes: Callable[
     return AutoChoice(workers, mode, reason, cores, probe.batch_seconds, speedup, probe.batch_bytes)
 
 
-def _mode(probe: Probe, cores: int, speedup: float | None, no_processes: Callable[[], str | None]) -> tuple[Mode, str]:
+def _mode(
+    probe: Probe,
+    cores: int,
+    speedup: float | None,
+    no_processes: Callable[[], str | None],
+    per_task: Callable[[float], int],
+) -> tuple[Mode, str]:
     if cores == 1:
         return "thread", "one usable core: one thread overlaps making batches with the consumer's work"
     if speedup is None:
@@ -196,8 +215,10 @@ def _mode(probe: Probe, cores: int, speedup: float | None, no_processes: Callabl
     ms = probe.batch_seconds * 1e3
     if speedup >= THREADS_SCALE:
         return "thread", f"two threads made batches {speedup:.2f}x as fast as one: the work releases the GIL"
-    if probe.batch_seconds < PROCESS_WORTH_SECONDS:
-        return "thread", f"a batch takes {ms:.2f} ms, less than shipping it from a process costs"
+    batches = per_task(probe.batch_seconds)
+    if batches * probe.batch_seconds < PROCESS_WORTH_SECONDS:
+        task = "a batch takes" if batches == 1 else f"a task of {batches} batches of {ms:.3f} ms each takes"
+        return "thread", f"{task} {batches * ms:.2f} ms, less than shipping it from a process costs"
     why = no_processes()
     if why:
         return "thread", f"threads scale {speedup:.2f}x only, but processes cannot be used: {why}"

@@ -14,12 +14,18 @@ import numpy as np
 
 from ..errors import CollateError
 from ..sampling.seeds import SampleStreams
-from ..sources.base import NO_FDS, Allocator, as_sample, fd_limit_note, locate, native, read_columns, read_many
+from ..sources.base import (
+    NO_FDS,
+    Allocator,
+    as_sample,
+    fd_limit_note,
+    locate,
+    native,
+    numpy_allocator,
+    read_columns,
+    read_many,
+)
 from .task import BatchResult, BatchTask, Disagreement, SampleFailure, Stage, StatusSlot, WorkContext
-
-
-def numpy_allocator(specs: dict) -> dict:
-    return {key: np.empty(shape, dtype) for key, (shape, dtype) in specs.items()}
 
 
 def _failure(position: int, sample_id: int, attempts: int, exc: BaseException) -> SampleFailure:

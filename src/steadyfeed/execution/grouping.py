@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -106,7 +107,7 @@ class Grouping:
             self.size, self.picked = self._pick(statistics.median(self._seconds), self._largest)
 
     def _pick(self, seconds: float, nbytes: int) -> tuple[int, str]:
-        by_time = MAX_BATCHES if seconds <= 0 else max(1, math.ceil(TASK_SECONDS / seconds))
+        by_time = batches_for(seconds)
         by_room = MAX_BATCHES if self.room is None or nbytes == 0 else self.room // (self.copies * nbytes)
         size = max(1, min(by_time, by_room, self.limit, MAX_BATCHES))
         why = (
@@ -116,6 +117,22 @@ class Grouping:
             + (f"; prefetch allows {self.limit}" if self.limit < MAX_BATCHES else "")
         )
         return size, why
+
+
+def batches_for(seconds: float) -> int:
+    """How many batches of ``seconds`` each make a task of ``TASK_SECONDS``, at most ``MAX_BATCHES``."""
+    return MAX_BATCHES if seconds <= 0 else max(1, min(MAX_BATCHES, math.ceil(TASK_SECONDS / seconds)))
+
+
+def per_task_rule(execution: ExecutionOptions, collate: str) -> Callable[[float], int]:
+    """How many batches of a given cost one process worker's task would hold under these
+    options (``workers="auto"`` asks before any pool exists; the memory bound aside)."""
+    asked = execution.batches_per_task
+    if collate != "stack":
+        return lambda seconds: 1
+    if asked == AUTO:
+        return batches_for
+    return lambda seconds: int(asked)
 
 
 def make_grouping(execution: ExecutionOptions, collate: str) -> Grouping:

@@ -44,6 +44,7 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
+from ..sources.base import numpy_allocator
 from ..units import exact_bytes, human_bytes
 from .task import BatchResult, ShippedResult, evolved
 
@@ -196,7 +197,7 @@ class SlotAllocator:
             segment = self._slots.segment(self.name, size)
         except NoRoom as exc:
             self.shortage = exc.shortage
-            return {key: np.empty(shape, dtype) for key, (shape, dtype) in specs.items()}
+            return numpy_allocator(specs)
         self.layout = layout
         return _views(segment, layout)
 

@@ -126,6 +126,11 @@ def file_fingerprint(paths) -> str:
 Allocator = Callable[[dict], dict]
 
 
+def numpy_allocator(specs: dict) -> dict:
+    """The plain ``Allocator``: a new array per ``key: (shape, dtype)``."""
+    return {key: np.empty(shape, dtype) for key, (shape, dtype) in specs.items()}
+
+
 def read_columns(
     source: Any, ids: Sequence[int] | np.ndarray, allocate: Allocator | None = None
 ) -> dict[str, np.ndarray] | None:

@@ -40,8 +40,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import DataError
-from .base import LazyHandles, file_fingerprint, split_rows
-from .raw_rows import GAP_BYTES, RawRows, read_rows, spans  # GAP_BYTES also rules HDF5 calls here
+from .base import Allocator, LazyHandles, file_fingerprint, numpy_allocator, split_rows
+from .raw_rows import GAP_BYTES, FileOrder, RawRows, read_rows, spans  # GAP_BYTES also rules HDF5 calls here
 
 try:
     import h5py
@@ -90,15 +90,19 @@ class Hdf5Source:
     def __getitem__(self, i: int) -> dict:
         return self.read_many([i])[0]
 
-    def read_batch(self, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
-        """The rows for ``ids`` as stacked columns, in order, repeats allowed; see :meth:`_read_rows`."""
+    def read_batch(self, ids: Sequence[int] | np.ndarray, allocate: Allocator | None = None) -> dict[str, np.ndarray]:
+        """The rows for ``ids`` as stacked columns, in the order asked, repeats allowed: each row
+        read in file order straight into its place (``allocate``: where the columns go, the source
+        protocol's, ``sources/base.py``), so a shuffled batch needs no reordered copy of itself;
+        see :meth:`_read_rows`."""
         ids = self._checked_ids(ids)
-        increasing = len(ids) < 2 or bool((ids[1:] > ids[:-1]).all())
-        unique, inverse = (ids, None) if increasing else np.unique(ids, return_inverse=True)
+        order = FileOrder.of(ids)
+        specs = {name: ((len(ids), *shape), dtype) for name, (shape, dtype) in self._rows.items()}
+        columns = (allocate or numpy_allocator)(specs)
         with self._handles.use() as handle:
-            columns = {name: self._read_rows(name, handle, unique) for name in self.keys}
-        if inverse is not None:  # shuffled or repeated: back to the requested order
-            columns = {name: col[inverse] for name, col in columns.items()}
+            for name in self.keys:
+                self._read_rows(name, handle, order, columns[name])
+        order.fill_repeats(columns)
         return columns
 
     def read_many(self, ids: Sequence[int] | np.ndarray) -> list[dict]:
@@ -111,47 +115,45 @@ class Hdf5Source:
             raise IndexError(f"sample id {int(bad[0])} out of range for {self!r} of length {self._len}")
         return ids
 
-    def _read_rows(self, name: str, handle: _Open, ids: np.ndarray) -> np.ndarray:
-        """Rows ``ids`` (sorted, unique) of one dataset: by file offset when it is stored raw,
-        else through HDF5."""
+    def _read_rows(self, name: str, handle: _Open, order: FileOrder, dest: np.ndarray) -> None:
+        """Rows ``order.unique`` of one dataset into their places in ``dest``: by file offset when
+        it is stored raw, else through HDF5."""
         raw = handle.raw.get(name)
         if raw is None:
-            return self._read_hdf5_rows(name, handle.datasets[name], ids)
-        shape, dtype = self._rows[name]
-        out = np.empty((len(ids), *shape), dtype)
+            self._read_hdf5_rows(name, handle.datasets[name], order, dest)
+            return
         assert handle.fd is not None  # opened for every dataset stored raw
-        self._read_raw_rows(name, handle.fd, raw, ids, out.view(np.uint8).reshape(len(ids), raw.row_bytes))
-        return out
-
-    def _read_raw_rows(self, name: str, fd: int, raw: RawRows, ids: np.ndarray, out: np.ndarray) -> None:
-        """Rows ``ids`` (sorted, unique) into ``out``, by the rule of :meth:`_read_hdf5_rows`
-        (``GAP_BYTES``), with one ``preadv`` per span (``raw_rows.read_rows``)."""
-        short = read_rows(fd, raw, ids, out, GAP_BYTES)
+        rows = dest.view(np.uint8).reshape(len(dest), raw.row_bytes)
+        # by the rule of _read_hdf5_rows (GAP_BYTES), with one preadv per span (raw_rows.read_rows)
+        short = read_rows(handle.fd, raw, order.unique, rows, GAP_BYTES, order.places)
         if short is not None:
             raise DataError(
                 f"{self.path}: rows {short[0]}..{short[1]} of dataset {self.keys[name]} "
                 f"end past the end of the file (truncated since it was opened?)"
             )
 
-    def _read_hdf5_rows(self, name: str, ds, ids: np.ndarray) -> np.ndarray:
-        """Rows ``ids`` (sorted, unique) of one dataset, with one HDF5 read per span of nearby ids.
+    def _read_hdf5_rows(self, name: str, ds, order: FileOrder, dest: np.ndarray) -> None:
+        """Rows ``order.unique`` of one dataset into their places in ``dest``, with one HDF5 read
+        per span of nearby ids.
 
-        A run of consecutive ids is read straight into the output. Ids separated by fewer than
-        ``GAP_BYTES`` of unrequested rows share one read of their whole span (one HDF5 call costs
-        about as much as copying that much data), which turns e.g. 32 scattered label reads into one.
+        A run of consecutive ids going to consecutive rows is read straight into them. Other
+        spans are read whole, then copied to their rows: ids separated by fewer than
+        ``GAP_BYTES`` of unrequested rows share one read of their whole span (one HDF5 call
+        costs about as much as copying that much data), which turns e.g. 32 scattered label
+        reads into one.
         """
+        ids, places = order.unique, order.places
         shape, dtype = self._rows[name]
-        out = np.empty((len(ids), *shape), dtype)
         max_gap = GAP_BYTES // max(math.prod(shape) * dtype.itemsize, 1)
         for a, b in spans(ids, max_gap):
             start, stop = int(ids[a]), int(ids[b - 1]) + 1
-            if stop - start == b - a:
-                self._read_span(name, ds, start, out[a:b])
+            rows = slice(a, b) if places is None else places[a:b]
+            if stop - start == b - a and places is None:
+                self._read_span(name, ds, start, dest[a:b])
             else:
                 span = np.empty((stop - start, *shape), dtype)
                 self._read_span(name, ds, start, span)
-                out[a:b] = span[ids[a:b] - start]
-        return out
+                dest[rows] = span[ids[a:b] - start]
 
     def _read_span(self, name: str, ds, start: int, dest: np.ndarray) -> None:
         """Rows ``start:start + len(dest)`` into the contiguous array ``dest``, in one HDF5 read."""

@@ -9,12 +9,14 @@ naming it, where touching a mapped page past the new end would kill the process 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from .base import pread_fully
 
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024  # buffers one preadv takes
 GAP_BYTES = 64 * 1024  # unrequested bytes worth reading to save one read call (sources pass it in)
 # One HDF5 call costs about 10 us, one preadv about 2 us: one rule serves both. 32 scattered int64
 # labels of 20,000 take about 16 us as one span read against 40 us as 32 preadv (measured);
@@ -66,25 +68,86 @@ def raw_reads(raw: RawRows, ids: np.ndarray, gap_bytes: int) -> tuple[list[tuple
     return spans(ids + raw.extents[chunk] * (gap + 1), gap), (raw.offsets[chunk] + within * rb).tolist()
 
 
-def read_rows(fd: int, raw: RawRows, ids: np.ndarray, out: np.ndarray, gap_bytes: int) -> tuple[int, int] | None:
-    """Rows ``ids`` (sorted, unique) into ``out`` (the bytes of one row per id). Returns None,
-    or the first and last id of a read that ended past the end of the file.
+def read_rows(
+    fd: int, raw: RawRows, ids: np.ndarray, out: np.ndarray, gap_bytes: int, places: np.ndarray | None = None
+) -> tuple[int, int] | None:
+    """Rows ``ids`` (sorted, unique) into ``out`` (the bytes of one row per output row): id
+    ``ids[j]`` into row ``places[j]`` (None: row ``j``). Returns None, or the first and last id
+    of a read that ended past the end of the file.
 
     File offsets come from numpy, so Python loops once per read, not once per row. A span
     stays within one extent of the file, where row ``i`` lies ``row_bytes * (i - start)`` past
-    the span's first row ``start``, chunk boundaries or not.
+    the span's first row ``start``, chunk boundaries or not. A run of consecutive ids goes
+    straight into its rows (one buffer when they are consecutive rows, else one per row: a
+    shuffled batch is read in file order with no reordered copy of itself, which cost a
+    fresh batch's page faults each time); ids a few rows apart share a read of their span,
+    then copied to their rows.
     """
     rb = raw.row_bytes
     reads, offsets = raw_reads(raw, ids, gap_bytes)
     # (ignore: numpy's stubs give ndarray a __buffer__ on Python >= 3.12 only)
     flat, listed = memoryview(out.reshape(-1)), ids.tolist()  # type: ignore[arg-type]  # slicing these is cheap
+    rows = range(len(listed)) if places is None else places.tolist()
     for a, b in reads:
         start, last = listed[a], listed[b - 1]
-        # consecutive ids go straight into the output; ids a few rows apart share a read of their span
         span = None if last - start + 1 == b - a else np.empty((last - start + 1, rb), np.uint8)
-        view = flat[a * rb : b * rb] if span is None else memoryview(span.reshape(-1))  # type: ignore[arg-type]
-        if os.preadv(fd, [view], offsets[a]) != len(view) and pread_fully(fd, view, offsets[a]):  # rare
+        if span is not None:
+            views = [memoryview(span.reshape(-1))]  # type: ignore[arg-type]
+        elif places is None or _consecutive(rows[a:b]):
+            views = [flat[rows[a] * rb : (rows[a] + b - a) * rb]]
+        else:
+            views = [flat[r * rb : (r + 1) * rb] for r in rows[a:b]]
+        if _preadv_fully(fd, views, offsets[a]):
             return start, last
         if span is not None:
-            out[a:b] = span[ids[a:b] - start]
+            out[slice(a, b) if places is None else places[a:b]] = span[ids[a:b] - start]
     return None
+
+
+def _consecutive(rows: Sequence[int]) -> bool:
+    return list(rows) == list(range(rows[0], rows[0] + len(rows)))
+
+
+def _preadv_fully(fd: int, views: list[memoryview], offset: int) -> int:
+    """Fill ``views`` one after the other from byte ``offset`` of ``fd``, at most ``IOV_MAX``
+    to a call; returns how many bytes were missing at the end of the file, 0 when all are full."""
+    for k in range(0, len(views), IOV_MAX):
+        part = views[k : k + IOV_MAX]
+        wanted = sum(map(len, part))
+        if os.preadv(fd, part, offset) != wanted:  # rare (a signal, the end of the file): view by view
+            for view in part:
+                missing = pread_fully(fd, view, offset)
+                if missing:
+                    return missing
+                offset += len(view)
+        else:
+            offset += wanted
+    return 0
+
+
+class FileOrder(NamedTuple):
+    """The ids of a batch in the order they are read: ``unique`` (sorted, each once) into
+    ``places`` (the batch's row for each; None: row ``j``, the ids were increasing), then each
+    row that repeats an id (``repeats``) copied from the row that id was read into (``copied_from``)."""
+
+    unique: np.ndarray
+    places: np.ndarray | None
+    repeats: np.ndarray | None
+    copied_from: np.ndarray | None
+
+    @classmethod
+    def of(cls, ids: np.ndarray) -> FileOrder:
+        if len(ids) < 2 or bool((ids[1:] > ids[:-1]).all()):
+            return cls(ids, None, None, None)
+        order = np.argsort(ids, kind="stable")
+        ranked = ids[order]
+        first = np.empty(len(ids), bool)  # the first of each run of one id in file order
+        first[0], first[1:] = True, ranked[1:] != ranked[:-1]
+        places = order[first]
+        owner = np.cumsum(first) - 1  # for each ranked id, its place among the unique ones
+        return cls(ranked[first], places, order[~first], places[owner[~first]])
+
+    def fill_repeats(self, columns: dict[str, np.ndarray]) -> None:
+        if self.repeats is not None and len(self.repeats):
+            for column in columns.values():
+                column[self.repeats] = column[self.copied_from]
