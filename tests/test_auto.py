@@ -5,8 +5,11 @@ No test here depends on the machine's speed: the rules are fed synthetic probes,
 loader tests script the measurement (``auto.measure``) to force each choice.
 """
 
+import subprocess
+import sys
 import threading
 import time
+import types
 
 import pytest
 from helpers import epoch_digest, noisy, paired_source
@@ -276,3 +279,73 @@ def test_batches_that_become_far_costlier_make_the_next_epoch_measure_again(monk
         list(loader.epoch(3))
         list(loader.epoch(4))  # epoch 3 cost 25x the reference or more
     assert asked == [20, 20]
+
+
+# -- the program's main module: spawned workers must be able to start -------------------------
+def fake_main(monkeypatch, tmp_path, script: str | None):
+    """``sys.modules["__main__"]`` as a script holding ``script`` (None: an interactive session)."""
+    main = types.ModuleType("__main__")
+    if script is not None:
+        main.__file__ = str(tmp_path / "train.py")
+        (tmp_path / "train.py").write_text(script)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    return main
+
+
+@pytest.mark.parametrize(
+    "script, refused",
+    [
+        ("import steadyfeed\nif __name__ == '__main__':\n    run()\n", False),
+        ('if "__main__" == __name__: run()\n', False),
+        ("import steadyfeed\nrun()  # no guard\n", True),
+    ],
+    ids=["guarded", "guarded-reversed", "unguarded"],
+)
+def test_a_main_script_without_a_guard_keeps_auto_on_threads(monkeypatch, tmp_path, script, refused):
+    fake_main(monkeypatch, tmp_path, script)
+    why = auto.can_use_processes(paired_source(4), lambda mode: None)
+    assert (why is not None) == refused
+    if refused:
+        assert "train.py has no 'if __name__ == \"__main__\":' guard" in why
+
+
+def test_a_transform_from_an_interactive_session_keeps_auto_on_threads(monkeypatch, tmp_path):
+    main = fake_main(monkeypatch, tmp_path, None)
+    assert auto.can_use_processes(paired_source(4), lambda mode: None) is None  # nothing of __main__ held
+
+    def brighten(sample, rng):
+        return sample
+
+    brighten.__module__, brighten.__qualname__ = "__main__", "brighten"
+    main.brighten = brighten
+    why = auto.can_use_processes({"transform": brighten}, lambda mode: None)
+    assert why == "brighten is defined in an interactive session's __main__, which spawned workers cannot import"
+
+
+SCRIPT = """
+import sys
+import numpy as np
+import steadyfeed
+from steadyfeed.execution import auto
+
+auto.measure = lambda make, batches: auto.Probe(0.02, 2 * auto.THREAD_BATCHES * 0.02, 64)  # GIL-bound
+
+def main():
+    x = np.arange(64, dtype=np.float64).reshape(16, 4)
+    with steadyfeed.Loader(steadyfeed.ArraySource(x=x), 4, workers="auto") as loader:
+        assert sum(len(b["x"]) for b in loader) == 16
+        print("picked", loader.stats()["auto"]["mode"], flush=True)
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("guarded", [True, False], ids=["guarded", "unguarded"])
+def test_auto_in_a_real_script_starts_processes_only_where_the_script_lets_them(tmp_path, guarded):
+    """A script run as users run them: with the guard, "auto" picks processes for GIL-bound
+    batches and they start; without it, threads, where processes would have run the script
+    again in each worker and failed."""
+    body = SCRIPT + ('if __name__ == "__main__":\n    main()\n' if guarded else "main()\n")
+    (tmp_path / "train.py").write_text(body)
+    done = subprocess.run([sys.executable, str(tmp_path / "train.py")], capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["picked process" if guarded else "picked thread"]

@@ -15,8 +15,10 @@ few more in two threads at once, and picks:
   ``handoff.py``). A task holds as many batches as ``batches_per_task`` would put in one
   (``grouping.py``: 8 batches of a page-cached HDF5 file's rows, 0.16 ms each, make a task
   worth sending). Otherwise ``"process"`` (the work holds the GIL, or scales on threads only
-  partly), unless the source cannot go to a process (it does not pickle, or it says so
-  through ``unsupported``).
+  partly), unless the source cannot go to a process (it does not pickle, it says so
+  through ``unsupported``, or the program's main module would not let spawned workers
+  start: a script without an ``if __name__ == "__main__":`` guard, or a transform defined
+  in a notebook, see :func:`main_module_problem`).
 
 The probe's batches are made and dropped: they cost a few batches of time, once. Which
 workers make a batch never changes what it holds, so the choice shows only in speed and
@@ -27,11 +29,15 @@ as it would have anyway, under the loader's ``on_error``.
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
+import re
 import statistics
+import sys
 import threading
 import time
+import types
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -56,6 +62,7 @@ TIMED_BATCHES = 3  # made one after the other, after one that is not timed (file
 # then made by two threads at once, this many each, one after the other: a single batch each would
 # time mostly the second thread's start (measured: 1.1-1.2x for JPEG batches that 2 threads make 1.5x as fast)
 THREAD_BATCHES = 4
+MAIN_SCRIPT_BYTES = 1 << 20  # of the main script read for its guard
 
 
 @dataclass(frozen=True)
@@ -165,15 +172,59 @@ def _in_two_threads(make: Callable[[int], int], first: int) -> float | None:
 
 def can_use_processes(ctx, unsupported: Callable[[Mode], str | None]) -> str | None:
     """Why process workers cannot read this source (None: they can): the source (or a layer
-    of it) refuses them, or the work context does not pickle (spawned workers receive it)."""
+    of it) refuses them, the work context does not pickle (spawned workers receive it), or
+    the program's main module would not let them start (:func:`main_module_problem`)."""
     why = unsupported("process")
     if why:
         return why
+    pickler = _MainReferences(io.BytesIO())
     try:
-        pickle.dumps(ctx)
+        pickler.dump(ctx)
     except Exception as exc:  # noqa: BLE001 - whatever pickling raises, processes are out
         return f"the source or transform does not pickle ({type(exc).__name__}: {exc})"
-    return None
+    return main_module_problem(pickler.found)
+
+
+class _MainReferences(pickle.Pickler):
+    """Pickles, and notes the first class or function of ``__main__`` the pickle names."""
+
+    def __init__(self, file):
+        super().__init__(file)
+        self.found: str | None = None
+
+    def persistent_id(self, obj):
+        if self.found is None and isinstance(obj, (type, types.FunctionType)) and obj.__module__ == "__main__":
+            self.found = obj.__qualname__
+        return None  # pickled as usual
+
+
+# what guards a script's entry point: if __name__ == "__main__": (either way round, either quotes)
+_MAIN_GUARD = re.compile(r"""__name__\s*==\s*['"]__main__['"]|['"]__main__['"]\s*==\s*__name__""")
+
+
+def main_module_problem(main_reference: str | None) -> str | None:
+    """Why spawned workers could not start under this program's ``__main__`` (None: they can).
+
+    A spawned worker imports the main script again before it runs anything: a script without
+    an ``if __name__ == "__main__":`` guard would run again in each worker, training included,
+    until it starts workers of its own and fails. Without a main script (an interactive
+    session, a notebook), a worker cannot import what ``__main__`` defines:
+    ``main_reference`` names a class or function of it that the work context holds. A fixed
+    ``mode="process"`` is the user's call and fails with the reason; ``"auto"`` keeps to threads."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None:
+        if main_reference is None:
+            return None
+        return f"{main_reference} is defined in an interactive session's __main__, which spawned workers cannot import"
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            source = f.read(MAIN_SCRIPT_BYTES)
+    except OSError:
+        return None  # not a readable script (a frozen program): as fixed process workers would, try
+    if _MAIN_GUARD.search(source):
+        return None
+    return f"the main script {path} has no 'if __name__ == \"__main__\":' guard, and spawned workers would run it again"
 
 
 def choose(
