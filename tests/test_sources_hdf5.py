@@ -125,6 +125,8 @@ def test_read_batch_puts_each_row_in_its_place_in_the_arrays_given(tmp_path, lay
     in_order = src.read_batch(np.arange(100, 132), allocate=given)
     assert in_order["x"] is given.made[1]["x"]
     np.testing.assert_array_equal(in_order["x"], expected_x[100:132])
+    nothing = src.read_batch([])
+    assert nothing["x"].shape == (0, WIDTH) and nothing["y"].shape == (0,) and src.read_many([]) == []
     src.close()
 
 

@@ -99,6 +99,8 @@ class Hdf5Source:
         order = FileOrder.of(ids)
         specs = {name: ((len(ids), *shape), dtype) for name, (shape, dtype) in self._rows.items()}
         columns = (allocate or numpy_allocator)(specs)
+        if not len(ids):
+            return columns
         with self._handles.use() as handle:
             for name in self.keys:
                 self._read_rows(name, handle, order, columns[name])

@@ -91,7 +91,7 @@ def read_rows(
     for a, b in reads:
         start, last = listed[a], listed[b - 1]
         span = None if last - start + 1 == b - a else np.empty((last - start + 1, rb), np.uint8)
-        if span is not None:
+        if span is not None:  # ids a few rows apart: their span, then the rows copied out
             views = [memoryview(span.reshape(-1))]  # type: ignore[arg-type]
         elif places is None or _consecutive(rows[a:b]):
             views = [flat[rows[a] * rb : (rows[a] + b - a) * rb]]
