@@ -91,7 +91,7 @@ def test_work_inflated_by_contending_workers_is_probed():
 
 def test_probe_stops_early_when_the_consumer_is_clearly_slower():
     h = measured(settle=0)
-    feed(h, H.PROBE_BATCHES, 10 * MS, 9 * MS, 20 * MS)  # worker-bound: the gate lets a probe run
+    feed(h, H.PROBE_BATCHES, 10 * MS, 9 * MS, 10 * MS)  # worker-bound: the gate lets a probe run
     assert not h.to_workers
     feed(h, 1 + 2 * H.ABORT_AFTER - 1, 20 * MS, 20 * MS, 20 * MS, made_here=True)
     assert not h.to_workers  # too few cycles to judge yet: the first ABORT_AFTER warm the consumer up
@@ -112,8 +112,8 @@ def test_one_slow_first_batch_does_not_end_a_probe():
 
 def test_workers_measured_while_the_data_was_cold_are_measured_again_before_they_lose():
     """Cold workers (a pack's readahead under way), then a consumer probed once the data is
-    warm: the consumer looks faster, but the workers, measured again, beat it, and keep the batches."""
-    h = measured(settle=2)
+    warm: the consumer looks faster, but the two workers, measured again, beat it, and keep the batches."""
+    h = H.MeasuredHandoff(settle=2, workers=2)
     feed(h, 2 + H.PROBE_BATCHES, 8 * MS, 7 * MS, 12 * MS)  # cold: every batch waited for
     feed(h, 1 + H.PROBE_BATCHES, 5 * MS, 5 * MS, 5 * MS, made_here=True)  # warm, in one thread
     assert h._phase == "confirm" and h.to_workers and h.deciding
@@ -129,7 +129,7 @@ def test_workers_measured_while_the_data_was_cold_are_measured_again_before_they
 def test_workers_measured_again_must_clearly_beat_the_consumer():
     """The consumer probed faster (5 ms against 8); the workers, measured again, come out 5%
     faster than it (4.75 ms): within the noise of two measures, so the consumer takes the batches."""
-    h = measured(settle=0)
+    h = H.MeasuredHandoff(settle=0, workers=2)
     feed(h, H.PROBE_BATCHES, 8 * MS, 7 * MS, 12 * MS)
     feed(h, 1 + H.PROBE_BATCHES, 5 * MS, 5 * MS, 5 * MS, made_here=True)
     assert h._phase == "confirm"
@@ -141,14 +141,14 @@ def test_a_way_kept_is_measured_again_once_it_drifts_slower():
     """Workers kept at a 100 us cycle: a measure's worth of cycles 10% slower keeps them, 30%
     slower measures both ways again, whatever the batches or seconds since (``DRIFT_RATIO``)."""
     h = measured(settle=0)
-    feed(h, H.PROBE_BATCHES, 100 * US, 10 * US, 900 * US)  # the gate: workers hide the work
+    feed(h, H.PROBE_BATCHES, 100 * US, 10 * US, 90 * US)  # the gate: workers hide the work
     assert h._phase == "keep" and h.to_workers
-    feed(h, H.DRIFT_AFTER, 100 * US, 10 * US, 900 * US)  # no look before DRIFT_AFTER batches
-    feed(h, H.PROBE_BATCHES, 110 * US, 10 * US, 900 * US)
+    feed(h, H.DRIFT_AFTER, 100 * US, 10 * US, 90 * US)  # no look before DRIFT_AFTER batches
+    feed(h, H.PROBE_BATCHES, 110 * US, 10 * US, 90 * US)
     assert h._phase == "keep"
-    feed(h, H.PROBE_BATCHES - 1, 130 * US, 10 * US, 900 * US)
+    feed(h, H.PROBE_BATCHES - 1, 130 * US, 10 * US, 90 * US)
     assert h._phase == "keep"  # a measure's worth is needed
-    feed(h, 1, 130 * US, 10 * US, 900 * US)
+    feed(h, 1, 130 * US, 10 * US, 90 * US)
     assert h._phase == "measure" and h.to_workers
 
 
@@ -157,26 +157,39 @@ def test_workers_are_not_measured_until_the_tasks_size_is_picked():
     once it has picked, the pipeline refills (settle, in tasks of the new size) before a measure."""
     size = {"per_task": 1, "picked": False}
     h = H.MeasuredHandoff(settle=2, per_task=lambda: size["per_task"], steady=lambda: size["picked"])
-    feed(h, 10 * H.PROBE_BATCHES, 900 * US, 10 * US, 900 * US)
+    feed(h, 10 * H.PROBE_BATCHES, 900 * US, 10 * US, 90 * US)
     assert h._phase == "measure" and not h._pooled
     size.update(per_task=4, picked=True)
-    feed(h, 2 * 4, 900 * US, 10 * US, 900 * US)  # steady: 2 tasks of 4 skipped first
-    feed(h, H.PROBE_BATCHES - 1, 100 * US, 10 * US, 900 * US)
+    feed(h, 2 * 4, 900 * US, 10 * US, 90 * US)  # steady: 2 tasks of 4 skipped first
+    feed(h, H.PROBE_BATCHES - 1, 100 * US, 10 * US, 90 * US)
     assert h._phase == "measure"
-    feed(h, 1, 100 * US, 10 * US, 900 * US)
+    feed(h, 1, 100 * US, 10 * US, 90 * US)
     assert h._phase == "keep" and h._pooled_cycle == pytest.approx(100 * US)
 
 
 def test_a_drift_is_looked_at_once_between_two_rechecks():
     h = measured(settle=0)
-    feed(h, H.PROBE_BATCHES, 100 * US, 10 * US, 900 * US)
-    feed(h, H.DRIFT_AFTER, 100 * US, 10 * US, 900 * US)
-    feed(h, H.PROBE_BATCHES, 130 * US, 10 * US, 900 * US)  # drifted: measured again
+    feed(h, H.PROBE_BATCHES, 100 * US, 10 * US, 90 * US)
+    feed(h, H.DRIFT_AFTER, 100 * US, 10 * US, 90 * US)
+    feed(h, H.PROBE_BATCHES, 130 * US, 10 * US, 90 * US)  # drifted: measured again
     assert h._phase == "measure"
-    feed(h, H.PROBE_BATCHES, 130 * US, 10 * US, 900 * US)  # and kept
+    feed(h, H.PROBE_BATCHES, 130 * US, 10 * US, 90 * US)  # and kept
     assert h._phase == "keep" and h.to_workers
-    feed(h, H.DRIFT_AFTER + 4 * H.PROBE_BATCHES, 300 * US, 10 * US, 900 * US)  # drifts again: kept
+    feed(h, H.DRIFT_AFTER + 4 * H.PROBE_BATCHES, 300 * US, 10 * US, 90 * US)  # drifts again: kept
     assert h._phase == "keep"
+
+
+def test_a_measure_that_drains_a_full_window_reads_the_workers_no_faster_than_their_work_allows():
+    """4 threads, 1.6 ms of work each per batch: at best a batch every 400 us. A measure that
+    starts with tasks of 8 batches ready in the window drains them at a 150 us cycle; read as
+    it was, it kept the workers, which then ran at 350 us a batch against the consumer's 320."""
+    h = H.MeasuredHandoff(settle=0, workers=4)
+    feed(h, H.PROBE_BATCHES, 150 * US, 140 * US, 1600 * US)
+    assert h._phase == "probe" and h._pooled_cycle == pytest.approx(400 * US)
+    feed(h, 1 + H.PROBE_BATCHES, 320 * US, 320 * US, 300 * US, made_here=True)
+    assert h._phase == "confirm"  # the consumer came out faster: the workers get a second look
+    feed(h, H.PROBE_BATCHES, 180 * US, 170 * US, 1400 * US)  # drained again: 350 us at best
+    assert h._phase == "handover" and not h.to_workers
 
 
 def test_a_consumer_kept_is_measured_again_once_slower_than_the_workers_were():
