@@ -167,6 +167,22 @@ def test_workers_are_not_measured_until_the_tasks_size_is_picked():
     assert h._phase == "keep" and h._pooled_cycle == pytest.approx(100 * US)
 
 
+def test_an_epochs_refill_is_no_drift():
+    """Workers kept at 100 us: a new epoch's first batches wait for the first tasks (3 ms
+    each here); they are skipped, and the cycles after them hold no drift."""
+    h = measured(settle=2)
+    feed(h, 2 + H.PROBE_BATCHES + H.DRIFT_AFTER, 100 * US, 10 * US, 90 * US)
+    assert h._phase == "keep" and h.to_workers
+    for _ in range(3):
+        h.new_epoch()
+        feed(h, 2, 3 * MS, 3 * MS, 90 * US)  # the refill: two batches waited for
+        feed(h, H.PROBE_BATCHES, 100 * US, 10 * US, 90 * US)
+        assert h._phase == "keep"
+    feed(h, 2, 3 * MS, 3 * MS, 90 * US)  # within an epoch, the same waits are a drift
+    feed(h, H.PROBE_BATCHES, 100 * US, 10 * US, 90 * US)
+    assert h._phase == "measure"
+
+
 def test_a_drift_is_looked_at_once_between_two_rechecks():
     h = measured(settle=0)
     feed(h, H.PROBE_BATCHES, 100 * US, 10 * US, 90 * US)

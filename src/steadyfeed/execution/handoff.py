@@ -137,9 +137,15 @@ class MeasuredHandoff:
     def new_epoch(self) -> None:
         """The pipeline starts empty: a measure of the workers in progress skips its refill again
         and goes on with what it has (a skip of two windows of tasks of 8 batches and a measure
-        can outlast the epoch of a small dataset: started afresh at each, it would never end)."""
+        can outlast the epoch of a small dataset: started afresh at each, it would never end).
+        Workers kept skip the refill before their cycles count towards a drift again: the
+        first task of an epoch is waited for whole (8 batches of JPEG, ~25 ms on 2 processes),
+        and read as a drift it made loaders probe the consumer again in every epoch."""
         if self._phase in ("measure", "confirm"):
             self._settle = self.settle
+        elif self._phase == "keep" and self.to_workers:
+            self._recent.clear()
+            self._refill = self.settle
 
     def record(self, cycle: float, in_loader: float, timings: dict, made_here: bool) -> None:
         """One batch handed out: ``cycle`` seconds since the previous one, ``in_loader`` of them
@@ -161,6 +167,8 @@ class MeasuredHandoff:
             if self._kept_batches >= RECHECK_BATCHES and self._kept_seconds >= RECHECK_SECONDS:
                 self._watch_drift = True
                 self._start_measuring()
+            elif self._refill > 0:
+                self._refill -= 1
             elif self._watch_drift and self._kept_batches > DRIFT_AFTER:
                 self._recent.append(cycle)
                 if self._measured_enough(self._recent):
@@ -243,6 +251,7 @@ class MeasuredHandoff:
         self._kept_batches, self._kept_seconds = 0, 0.0
         self._drift_limit = DRIFT_RATIO * cycle if rival is None else max(rival, DRIFT_MARGIN * cycle)
         self._recent: list[float] = []  # cycles since the last look at the drift
+        self._refill = 0  # batches of an epoch's start not looked at for a drift
 
 
 def make_handoff(
