@@ -12,7 +12,10 @@ both ways and keeps the faster:
    in between included), the mean time the consumer spent inside the loader, and the
    mean time a worker spent making a batch. Means, not medians: throughput is the
    inverse of the mean cycle, and these cycles are bimodal (most batches are ready at
-   once, some are waited for), so a median would hide the waits;
+   once, some are waited for), so a median would hide the waits. The workers' cycle is
+   never taken below what their work allows (a batch's work over the number of workers):
+   a measure that begins with tasks ready in the window drains them faster than the
+   workers make them;
 2. when the consumer spends less than a ``GATE_RATIO``-th of a batch's making time, per
    worker, inside the loader, the workers hide that work and nothing is probed (per
    worker: N workers at once each take longer over a batch when they contend, for the
@@ -41,7 +44,8 @@ both ways and keeps the faster:
    measure, where the other way was not measured; ``DRIFT_MARGIN`` at least), once between
    two rechecks (so a way whose speed swings cannot keep the loader deciding), and not in
    the first ``DRIFT_AFTER`` batches kept (the pipeline refilling after a probe read as a
-   drift, and ``steadyfeed bench``'s window after a decision then held a mix): process workers
+   drift, and ``steadyfeed bench``'s window after a decision then held a mix) nor in the
+   refill at an epoch's start (its first task is waited for whole): process workers
    reading an HDF5 file at random ran their first epoch at 200k rows/s and their third at
    86k, below the consumer's 125k, and a choice made in the first was kept for good.
 
