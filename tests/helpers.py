@@ -439,3 +439,15 @@ class ScriptedPool:
 
     def shutdown(self):
         pass
+
+
+class Recording:
+    """An allocator standing for a shared-memory slot (arrays full of a marker value): it
+    keeps what it made, so a test can check that a batch is those very arrays."""
+
+    def __init__(self):
+        self.made = []
+
+    def __call__(self, specs):
+        self.made.append({key: np.full(shape, 77, dtype) for key, (shape, dtype) in specs.items()})
+        return self.made[-1]

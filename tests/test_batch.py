@@ -8,7 +8,7 @@ are, gets fresh arrays that are copied as before. The batch is the same either w
 
 import numpy as np
 import pytest
-from helpers import label_of
+from helpers import Recording, label_of
 from PIL import Image
 
 from steadyfeed.execution.batch import numpy_allocator, run_batch
@@ -42,17 +42,6 @@ class Columns:
         for key, column in (("x", x), ("y", y)):
             out[key][...] = column
         return {key: out[key] for key in ("x", "y")}
-
-
-class Recording:
-    """An allocator standing for a shared-memory slot: it keeps what it made."""
-
-    def __init__(self):
-        self.made = []
-
-    def __call__(self, specs):
-        self.made.append({key: np.full(shape, 77, dtype) for key, (shape, dtype) in specs.items()})
-        return self.made[-1]
 
 
 def spy(source) -> list:

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import psutil
 import pytest
-from helpers import assert_paired, errors_in_threads, label_of
+from helpers import Recording, assert_paired, errors_in_threads, label_of
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -95,17 +95,6 @@ def test_read_many_returns_per_sample_rows_for_shuffled_ids_with_repeats(tmp_pat
         assert sample["y"] == src[i]["y"] == expected_y[i]
 
 
-class Given:
-    """An allocator standing for a shared-memory slot: arrays full of a marker value, kept."""
-
-    def __init__(self):
-        self.made = []
-
-    def __call__(self, specs):
-        self.made.append({key: np.full(shape, 77, dtype) for key, (shape, dtype) in specs.items()})
-        return self.made[-1]
-
-
 @pytest.mark.parametrize("gap_bytes", [0, hdf5.GAP_BYTES])
 @pytest.mark.parametrize(
     "layout",
@@ -116,14 +105,14 @@ def test_read_batch_puts_each_row_in_its_place_in_the_arrays_given(tmp_path, lay
     monkeypatch.setattr(hdf5, "GAP_BYTES", gap_bytes)
     src = Hdf5Source(write_paired(tmp_path / "d.h5", 300, **layout), x="/images", y="/meta/labels")
     ids = np.random.default_rng(2).permutation(np.concatenate([np.arange(40, 60), [7, 7, 299, 0, 41]]))
-    given = Given()
-    batch = src.read_batch(ids, allocate=given)
-    assert len(given.made) == 1 and all(batch[key] is given.made[0][key] for key in ("x", "y"))
+    slot = Recording()
+    batch = src.read_batch(ids, allocate=slot)
+    assert len(slot.made) == 1 and all(batch[key] is slot.made[0][key] for key in ("x", "y"))
     expected_x, expected_y = paired_rows(0, 300)
     np.testing.assert_array_equal(batch["x"], expected_x[ids])
     np.testing.assert_array_equal(batch["y"], expected_y[ids])
-    in_order = src.read_batch(np.arange(100, 132), allocate=given)
-    assert in_order["x"] is given.made[1]["x"]
+    in_order = src.read_batch(np.arange(100, 132), allocate=slot)
+    assert in_order["x"] is slot.made[1]["x"]
     np.testing.assert_array_equal(in_order["x"], expected_x[100:132])
     nothing = src.read_batch([])
     assert nothing["x"].shape == (0, WIDTH) and nothing["y"].shape == (0,) and src.read_many([]) == []
@@ -411,14 +400,14 @@ def ids_with_runs():
 @example(ids=[N_RAW - 1, 0, N_RAW - 1, 7, 8, 7])
 def test_raw_reads_match_h5py_bit_for_bit(raw_layouts, gap_bytes, ids):
     src, _, data = raw_layouts
-    given = Given()
+    slot = Recording()
     with mock.patch.object(hdf5, "GAP_BYTES", gap_bytes):
         batch = src.read_batch(ids)
-        into = src.read_batch(ids, allocate=given)
+        into = src.read_batch(ids, allocate=slot)
     expected = {name: rows[ids] for name, rows in data.items()}
     assert_bit_exact(batch, expected)
     assert_bit_exact(into, expected)
-    assert all(into[name] is given.made[0][name] for name in data)
+    assert all(into[name] is slot.made[0][name] for name in data)
 
 
 @pytest.mark.parametrize(
@@ -470,9 +459,9 @@ def test_a_shuffled_batch_is_read_straight_into_its_rows(raw_layouts, monkeypatc
     """In file order, each row into its place in the batch: no sorted batch reordered after
     (a second batch-sized array, which costs a fresh batch's page faults each time)."""
     _, path, data = raw_layouts
-    src, given = Hdf5Source(path, x="/images"), Given()
+    src, slot = Hdf5Source(path, x="/images"), Recording()
     ids = [150, 42, 3, 40, 41, 100]
-    out = given({"x": ((len(ids), 64, 64, 3), np.uint8)})["x"]
+    out = slot({"x": ((len(ids), 64, 64, 3), np.uint8)})["x"]
     buffers = []
     preadv = os.preadv
     monkeypatch.setattr(os, "preadv", lambda fd, bufs, offset: buffers.extend(bufs) or preadv(fd, bufs, offset))
