@@ -14,9 +14,9 @@ Guarantees:
   workers reopen the file themselves. Between construction and the first read no file is open.
 * **Batched reads by contiguous runs.** ``read_many(ids)`` sorts and deduplicates the ids, reads
   each run of consecutive ids with one read straight into the output (a hyperslab read, or one
-  ``preadv`` for uncompressed rows; ids a few rows apart share one read of their span), and puts
-  the rows back in the requested order (repeats included). It returns exactly what per-sample
-  reads return.
+  ``preadv`` for uncompressed rows; ids a few rows apart share one read of their span), each
+  row into its place in the requested order (repeats copied after), so a shuffled batch makes
+  no reordered copy of itself. It returns exactly what per-sample reads return.
 * **Per-sample failures name their place.** A row that cannot be read raises ``DataError`` naming
   the file, the dataset and the row; an id out of range raises ``IndexError``.
 * **SWMR.** ``swmr=True`` reads a file that a writer still appends to in SWMR mode. The source
@@ -149,13 +149,12 @@ class Hdf5Source:
         max_gap = GAP_BYTES // max(math.prod(shape) * dtype.itemsize, 1)
         for a, b in spans(ids, max_gap):
             start, stop = int(ids[a]), int(ids[b - 1]) + 1
-            rows = slice(a, b) if places is None else places[a:b]
             if stop - start == b - a and places is None:
                 self._read_span(name, ds, start, dest[a:b])
             else:
                 span = np.empty((stop - start, *shape), dtype)
                 self._read_span(name, ds, start, span)
-                dest[rows] = span[ids[a:b] - start]
+                dest[slice(a, b) if places is None else places[a:b]] = span[ids[a:b] - start]
 
     def _read_span(self, name: str, ds, start: int, dest: np.ndarray) -> None:
         """Rows ``start:start + len(dest)`` into the contiguous array ``dest``, in one HDF5 read."""
