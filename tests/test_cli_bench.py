@@ -255,11 +255,11 @@ def test_a_window_too_short_for_the_cpu_clock_has_no_cpu_figure():
 
 
 def test_the_window_opens_once_the_loader_has_decided_who_makes_batches(no_leaks):
-    x = np.arange(4000 * 4, dtype=np.float32).reshape(4000, 4)
-    # 500 batches: the decision (~130 batches with the default prefetch) ends before half of them.
-    # One batch a task: with several (grouping.py) the window right after a decision held a mix
-    # (32 of 40 made inline): noted in issue 15, not yet understood
-    loader = Loader(ArraySource(x=x, y=x.sum(axis=1)), 8, batches_per_task=1)
+    x = np.arange(16000 * 4, dtype=np.float32).reshape(16000, 4)
+    # 2000 batches: the decision (~450 batches with 8 a task and the default prefetch) ends well
+    # before WARMUP_WHILE_DECIDING and half of them. With 200 it did not, and the window held
+    # a mix (32 of 40 made inline)
+    loader = Loader(ArraySource(x=x, y=x.sum(axis=1)), 8)
     m = measure(loader, Setting(2, "thread"), max_batches=40)
     # cheap batches: the loader probes making them itself (some dozens of batches) first; the
     # window holds only what it decided, all made one way, never the probe's mix

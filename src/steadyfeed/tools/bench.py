@@ -15,8 +15,10 @@ What is guaranteed:
 * the first ``warmup`` batches (worker start-up included) are left out of throughput,
   stage times, queue fill and CPU, and so are the batches after them while the loader
   still decides who makes batches (``Loader.handoff == "deciding"``: it measures workers
-  against the consumer making them, and the workers again when the consumer wins: ~70-110 batches), up to ``WARMUP_WHILE_DECIDING`` more and
-  never more than half of what is left (``Measurement.warmup_batches`` says how many);
+  against the consumer making them, and the workers again when the consumer wins; its skips
+  after a restart are counted in tasks, so with several cheap batches a task this takes a few
+  hundred batches), up to ``WARMUP_WHILE_DECIDING`` more and never more than half of what is
+  left (``Measurement.warmup_batches`` says how many);
   ``warmup=0`` measures everything. The latency of the first batch, start-up included,
   is reported on its own (``first_batch_seconds``);
 * the figures come from ``loader.stats()``, the loader's own measurements, plus psutil
@@ -60,7 +62,10 @@ CONSUMER_BOUND_WAIT = 0.1  # the consumer almost never waits: its own step limit
 GIL_MIN_SPEEDUP = 1.3  # more thread workers that gain less than this ...
 GIL_MAX_CORES = 1.2  # ... while using under this many cores are held back by the GIL
 CPU_MIN_SECONDS = 0.25  # shorter windows get no CPU figure: the OS counts CPU time in 10 ms ticks
-WARMUP_WHILE_DECIDING = 200  # at most this many more warm-up batches while the loader decides who makes them
+# at most this many more warm-up batches while the loader decides who makes them: a first decision
+# on cheap batches, 8 a task, took ~450 (skips of two windows of tasks, before each measure of the
+# workers); with 200, the window opened while it was deciding and held a mix of both ways
+WARMUP_WHILE_DECIDING = 600
 
 
 # -- the grid -------------------------------------------------------------------------------
@@ -354,7 +359,7 @@ def measure(
 def _drive(variant, m: Measurement, *, epochs, max_batches, warmup, consumer_ms, on_batch) -> None:
     start = _mark(variant) if warmup == 0 else None
     # After `warmup` batches the window opens once the loader has decided who makes batches
-    # (its first decision measures both ways, ~70-110 batches), but at the latest where half of
+    # (its first decision measures both ways, a few hundred batches), but at the latest where half of
     # what is left remains to be measured.
     latest = warmup + min(WARMUP_WHILE_DECIDING, max(0, epochs * len(variant) - warmup) // 2)
     taken, step_seconds = 0, 0.0
