@@ -92,14 +92,16 @@ def test_batches_kept_in_the_workers_memory_offer_no_allocator():
         lambda specs: {**specs, "id": ((3,), np.int64)},  # a column the batch names itself
         lambda specs: {**specs, "x": (specs["x"][0], np.dtype(">f8"))},  # another byte order
         lambda specs: {**specs, "x": ((2, 3), np.float64)},  # other than one row per id
+        lambda specs: {**specs, "x": (specs["x"][0], np.dtype(object))},  # pointers: never in a slot
     ],
-    ids=["id-column", "big-endian", "rows"],
+    ids=["id-column", "big-endian", "rows", "objects"],
 )
 def test_columns_the_batch_cannot_hold_as_they_are_get_fresh_arrays_and_are_copied(ask):
     source, slot = Columns(ask), Recording()
     batch = run(source, slot)  # "rows": the source's own read_batch fails, and the batch is read per sample
     assert_batch(batch)
     assert all(batch[key] is slot.made[-1][key] for key in ("x", "y", "id"))  # the copy went into the slot
+    assert not any(column.dtype.hasobject for made in slot.made for column in made.values())
 
 
 def test_image_folder_decodes_into_the_batch(tmp_path):
@@ -176,3 +178,22 @@ def test_hdf5_rows_are_read_into_the_batch_in_the_order_asked(tmp_path):
     assert batch["y"].tolist() == [70, 20, 90, 20, 30] and batch["id"].tolist() == [7, 2, 9, 2, 3]
     assert len(slot.made) == 1 and returned[0]["x"] is slot.made[0]["x"] is batch["x"]  # read into it
     source.close()
+
+
+@pytest.mark.parametrize("mapped", [False, True], ids=["in-memory", "memmap"])
+def test_array_rows_are_gathered_into_the_batch(tmp_path, mapped):
+    from steadyfeed import ArraySource
+
+    x = np.arange(10 * 3, dtype=np.float32).reshape(10, 3)
+    if mapped:
+        np.save(tmp_path / "x.npy", x)
+        x = np.load(tmp_path / "x.npy", mmap_mode="r")
+    source, slot = ArraySource(x=x, y=np.arange(10) * 10), Recording()
+    returned = spy(source)
+    batch = run(source, slot, ids=(7, 2, 9, 2, 3))
+    np.testing.assert_array_equal(batch["x"], np.asarray(x)[[7, 2, 9, 2, 3]])
+    assert batch["y"].tolist() == [70, 20, 90, 20, 30] and batch["id"].tolist() == [7, 2, 9, 2, 3]
+    assert len(slot.made) == 1 and returned[0]["x"] is slot.made[0]["x"] is batch["x"]  # gathered into it
+    with pytest.raises(IndexError, match="sample id 10 out of range for ArraySource of length 10"):
+        source.read_batch(np.array([1, 10]), allocate=Recording())
+    np.testing.assert_array_equal(source.read_batch(np.array([-1]), allocate=Recording())["x"], np.asarray(x)[[-1]])

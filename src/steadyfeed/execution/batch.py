@@ -47,8 +47,8 @@ class _Placed:
     """The ``allocate`` a source's ``read_batch`` is given (``read_columns``) when the batch
     goes into memory of the worker's choosing (a shared-memory slot): the columns are made in
     the batch's output, ``id`` beside them, so collating them copies nothing. Only a batch
-    that is the columns as they are qualifies (no padding, stacked, native byte order, one
-    row per id); for anything else the source gets fresh arrays, copied as before."""
+    that is the columns as they are qualifies (no padding, stacked, native byte order, no
+    objects, one row per id); for anything else the source gets fresh arrays, copied as before."""
 
     def __init__(self, spec, allocate: Allocator):
         self._spec, self._allocate = spec, allocate
@@ -57,7 +57,7 @@ class _Placed:
     def __call__(self, specs: dict) -> dict:
         specs = {key: (tuple(shape), np.dtype(dtype)) for key, (shape, dtype) in specs.items()}
         rows = len(self._spec.ids)
-        if self.out is not None or "id" in specs or any(s[:1] != (rows,) or not d.isnative for s, d in specs.values()):
+        if self.out is not None or "id" in specs or any(_unplaceable(s, d, rows) for s, d in specs.values()):
             return numpy_allocator(specs)
         self.out = _allocate(
             {key: (shape[1:], dtype) for key, (shape, dtype) in specs.items()}, rows, self._spec, self._allocate
@@ -68,6 +68,12 @@ class _Placed:
         """Whether ``columns`` are the very arrays placed in the output (nothing to copy)."""
         out = self.out
         return out is not None and len(out) == len(columns) + 1 and all(out.get(k) is col for k, col in columns.items())
+
+
+def _unplaceable(shape: tuple, dtype: np.dtype, rows: int) -> bool:
+    """A column the batch's output cannot be: not one row per id, another byte order, or
+    objects (pointers into one process's memory: an HDF5 dataset of variable-length strings)."""
+    return shape[:1] != (rows,) or not dtype.isnative or dtype.hasobject
 
 
 class _Reader:

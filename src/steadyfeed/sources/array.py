@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import MappedFile, split_rows
+from .base import Allocator, MappedFile, split_rows
 
 
 def _mapped_file(a: np.ndarray) -> MappedFile | None:
@@ -54,9 +54,21 @@ class ArraySource:
             raise IndexError(f"sample id {i} out of range for ArraySource of length {self._len}")
         return {name: a[i] for name, a in self.arrays.items()}
 
-    def read_batch(self, ids: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
+    def read_batch(self, ids: Sequence[int] | np.ndarray, allocate: Allocator | None = None) -> dict[str, np.ndarray]:
+        """One gather per array, into the arrays ``allocate`` gives (the source protocol's,
+        ``sources/base.py``: in process mode, the batch's shared-memory slot) when given."""
         ids = np.asarray(ids, dtype=np.int64)
-        return {name: a[ids] for name, a in self.arrays.items()}  # one gather per array
+        if allocate is None:
+            return {name: a[ids] for name, a in self.arrays.items()}
+        if len(ids) and not (-self._len <= ids.min() and ids.max() < self._len):
+            bad = ids[(ids < -self._len) | (ids >= self._len)][0]
+            raise IndexError(f"sample id {int(bad)} out of range for ArraySource of length {self._len}")
+        out = allocate({name: ((len(ids), *a.shape[1:]), a.dtype) for name, a in self.arrays.items()})
+        for name, a in self.arrays.items():
+            # checked above: "wrap" reads negative ids as indexing does, and unlike "raise" does
+            # not gather into a temporary first
+            np.take(a, ids, axis=0, out=out[name], mode="wrap")
+        return out
 
     def read_many(self, ids: Sequence[int] | np.ndarray) -> list[dict]:
         return split_rows(self.read_batch(ids))
