@@ -23,7 +23,7 @@ from .execution import auto
 from .execution.auto import AutoChoice
 from .execution.batch import collate_error
 from .execution.grouping import Grouping, make_grouping, per_task_rule
-from .execution.handoff import WORK_STAGES, FixedHandoff, MeasuredHandoff, make_handoff
+from .execution.handoff import FixedHandoff, MeasuredHandoff, make_handoff, work_seconds
 from .execution.pool import InlinePool, make_pool
 from .execution.scheduler import ByteBudget, EpochRun, Outcome
 from .execution.task import SampleFailure, WorkContext
@@ -389,7 +389,7 @@ class Loader:
         return auto.can_use_processes(self._work_context(stop_on_failure=True), unsupported)
 
     def _work_seconds(self) -> float:
-        return sum(self._stats.stage_seconds[s] for s in WORK_STAGES)
+        return work_seconds(self._stats.stage_seconds)
 
     def _ensure_pool(self):
         if self._pool is None:

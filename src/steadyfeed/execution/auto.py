@@ -188,7 +188,7 @@ def can_use_processes(ctx, unsupported: Callable[[Mode], str | None]) -> str | N
 class _MainReferences(pickle.Pickler):
     """Pickles, and notes the first class or function of ``__main__`` the pickle names."""
 
-    def __init__(self, file):
+    def __init__(self, file: io.BytesIO) -> None:
         super().__init__(file)
         self.found: str | None = None
 

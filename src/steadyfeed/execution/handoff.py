@@ -65,7 +65,7 @@ inline are, in practice, plain reads (array slices, raw HDF5 rows), not decoding
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 PROBE_BATCHES = 32
 RECHECK_BATCHES = 2000
@@ -78,6 +78,11 @@ DRIFT_AFTER = 256  # batches kept before the drift is looked at (a window measur
 CONFIRM_MARGIN = 0.9  # workers measured again keep the batches only at 0.9x the consumer's cycle or less
 GATE_RATIO = 4.0
 WORK_STAGES = ("read", "transform", "collate")  # making a batch; "transport" is the hand-off
+
+
+def work_seconds(stage_seconds: Mapping[str, float]) -> float:
+    """The seconds of ``stage_seconds`` (a batch's timings, or totals) spent making batches."""
+    return sum(stage_seconds.get(stage, 0.0) for stage in WORK_STAGES)
 
 
 class FixedHandoff:
@@ -155,13 +160,13 @@ class MeasuredHandoff:
         """One batch handed out: ``cycle`` seconds since the previous one, ``in_loader`` of them
         inside the loader; ``timings``, its stage times (``run_batch``), by whoever made it."""
         if self._phase == "measure":
-            self._measure(cycle, in_loader, sum(timings.get(stage, 0.0) for stage in WORK_STAGES))
+            self._measure(cycle, in_loader, work_seconds(timings))
         elif self._phase == "probe":
             if made_here:  # batches still in flight from the workers do not count
                 self._probe(cycle)
         elif self._phase == "confirm":
             if not made_here:
-                self._confirm(cycle, sum(timings.get(stage, 0.0) for stage in WORK_STAGES))
+                self._confirm(cycle, work_seconds(timings))
         elif self._phase == "handover":  # the workers' batches in flight arrive first
             if made_here:
                 self._keep(to_workers=False, cycle=self._here_cycle, rival=self._again_cycle)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from ..errors import WorkerDied
 from ..sampling.plan import BatchSpec
 from .grouping import Grouping, member_at, mergeable, merged, split
-from .handoff import WORK_STAGES
+from .handoff import work_seconds
 from .protocol import Done, Event, Lost, Pool
 from .task import BatchTask, Disagreement, Running, SampleFailure, Stage
 
@@ -263,7 +263,7 @@ class EpochRun:
             )
             nbytes = batch_bytes(result.arrays)
             if self.grouping.learning and result.arrays is not None and not failures:
-                self.grouping.learn(sum(result.timings.get(stage, 0.0) for stage in WORK_STAGES), nbytes)
+                self.grouping.learn(work_seconds(result.timings), nbytes)
             if self.budget.learn(nbytes):
                 self._fill_window()  # the first size known: the window may hold more than one batch now
         else:
