@@ -114,6 +114,17 @@ def test_groups_are_cut_back_into_the_batches_of_the_plan(order):
     assert sum(batches_in_tasks(pool)) == 40  # every sample read once
 
 
+def test_the_last_tasks_of_an_epoch_shrink_to_a_share_of_the_rest_per_worker():
+    """Guided: whole tasks of 4 would leave one of 2 workers idle while the other makes the
+    epoch's last; each task holds at most half of what is left, so they finish together."""
+    source = paired_source(160)
+    alone = epoch_of(DeferredPool(context(source), "fifo"), 160, 4, size=1)
+    pool = DeferredPool(context(source), "fifo")
+    assert epoch_of(pool, 160, 4, size=4, prefetch=64, grouping=Grouping(4, workers=2)) == alone
+    assert [rows // 4 for rows in batches_in_tasks(pool)] == [4] * 9 + [2, 1, 1]
+    assert [Grouping(8, workers=3).size_at(r) for r in (100, 24, 23, 7, 3, 1)] == [8, 8, 8, 3, 1, 1]
+
+
 @pytest.mark.parametrize("stop_on_failure", [False, True])
 def test_a_sample_failing_in_a_group_fails_once_and_the_other_batches_are_made_alone(stop_on_failure):
     source = FaultySource(40, fail={13, 14, 27})

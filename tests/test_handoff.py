@@ -282,6 +282,16 @@ def test_which_handoff_a_configuration_gets(kwargs, expected):
     assert (type(handoff), handoff.to_workers) == expected
 
 
+@pytest.mark.parametrize("mode,windows", [("thread", 1), ("process", 2)])
+def test_a_measure_skips_one_window_of_tasks_two_where_processes_also_make_their_slots(mode, windows):
+    """4 threads skipping two windows (256 batches of 8 a task) decided only in the next epoch."""
+    config = LoaderConfig.build(batch_size=4, workers=4, mode=mode)
+    handoff = H.make_handoff(config, per_task=lambda: 8)
+    assert handoff.settle == windows * config.execution.effective_prefetch * 8
+    feed(handoff, handoff.settle + H.PROBE_BATCHES, 30 * US, 25 * US, 10 * US)
+    assert handoff._phase == "probe"
+
+
 def test_the_loader_says_who_makes_its_batches():
     assert Loader(paired_source(8), 4).handoff == "inline"  # workers=0
     assert Loader(paired_source(8), 4, workers=2, inline_when_faster=False).handoff == "workers"

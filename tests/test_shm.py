@@ -13,6 +13,8 @@ import signal
 import numpy as np
 import pytest
 from helpers import child_processes, epoch_digest, paired_source
+from hypothesis import given
+from hypothesis import strategies as st
 
 from steadyfeed import Loader
 from steadyfeed.execution import shm
@@ -113,6 +115,24 @@ def test_a_slot_created_again_under_its_name_is_mapped_again(slot):
     assert new["x"].shape == (50, 3) and (new["x"] == -1.0).all() and new["id"].tolist() == list(range(50))
     np.testing.assert_array_equal(old["x"], np.arange(15, dtype=np.float32).reshape(5, 3))  # still whole
     del old, new
+
+
+DTYPES = ("u1", "i1", "<f4", "<i8", "<f8", "<c16", "?")
+
+
+@given(st.lists(st.tuples(st.sampled_from(DTYPES), st.lists(st.integers(0, 9), max_size=3)), min_size=1, max_size=4))
+def test_a_slot_layout_keeps_every_array_apart_aligned_and_bytes_off_vector_boundaries(arrays):
+    """Within the segment, apart and each on its dtype's alignment; arrays of bytes start off
+    16- and 32-byte boundaries (libjpeg-turbo writes aligned rows past the caches), the rest on 64."""
+    layout, size = shm.layout_of({f"a{i}": (tuple(shape), dtype) for i, (dtype, shape) in enumerate(arrays)})
+    spans = []
+    for _key, dtype, shape, offset in layout:
+        dtype = np.dtype(dtype)
+        spans.append((offset, offset + int(np.prod(shape)) * dtype.itemsize))
+        assert offset % dtype.alignment == 0
+        assert offset % 16 != 0 if dtype.itemsize == 1 else offset % 64 == 0
+    spans.sort()
+    assert spans[-1][1] <= size and all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
 
 
 def _in_a_slot(array) -> bool:

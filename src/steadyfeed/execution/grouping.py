@@ -64,9 +64,11 @@ class Grouping:
     ``room`` bytes hold, ``copies`` times over (the window and, in process mode, the
     workers' slots, each that many batches per batch a task holds). ``grows_window``: the
     window (a default ``prefetch``) is counted in tasks, so it grows with ``size``.
-    ``stopped`` says why grouping stopped, if it did (it does not start again)."""
+    ``stopped`` says why grouping stopped, if it did (it does not start again). ``workers``:
+    how many share the tasks (:meth:`size_at` shrinks the last tasks of an epoch to share them)."""
 
     size: int = 1
+    workers: int = 1
     auto: bool = False
     limit: int = MAX_BATCHES
     room: int | None = None
@@ -90,6 +92,14 @@ class Grouping:
     def in_use(self) -> int:
         """Batches a task holds now."""
         return self.size if self.active else 1
+
+    def size_at(self, remaining: int) -> int:
+        """Batches the next task holds with ``remaining`` batches of the epoch from it on:
+        ``in_use``, and near the epoch's end at most an equal share of the rest per worker
+        (guided self-scheduling), so the workers finish the epoch together. Whole tasks of 8
+        left one of 2 processes idle while the other made the epoch's last task (~25 ms of
+        JPEG): 2 processes were busy 1.90 of the 2 cores, against 1.95-2.00 with smaller tasks."""
+        return max(1, min(self.in_use, -(-remaining // self.workers)))
 
     @property
     def window_factor(self) -> int:
@@ -145,7 +155,7 @@ def make_grouping(execution: ExecutionOptions, collate: str) -> Grouping:
     if collate != "stack" or workers == 0:
         return Grouping()
     if asked != AUTO:
-        return Grouping(size=int(asked), grows_window=window)
+        return Grouping(size=int(asked), workers=workers, grows_window=window)
     if execution.mode == "ray":
         return Grouping()
     room = memory_budget(execution.max_inflight_bytes)
@@ -156,7 +166,7 @@ def make_grouping(execution: ExecutionOptions, collate: str) -> Grouping:
         if free is not None:  # at most half of it: the slots of other loaders, other programs
             room = free // 2 if room is None else min(room, free // 2)
     limit = MAX_BATCHES if prefetch is None else max(1, prefetch // (PREFETCH_PER_WORKER * workers))
-    return Grouping(auto=True, limit=limit, room=room, copies=copies, grows_window=window)
+    return Grouping(auto=True, workers=workers, limit=limit, room=room, copies=copies, grows_window=window)
 
 
 def mergeable(spec: BatchSpec) -> bool:

@@ -222,16 +222,17 @@ class EpochRun:
 
     def _group_at_front(self) -> list[int] | None:
         """The batches the next task holds: the oldest to submit and, while grouping, the fresh
-        batches after it, up to ``grouping.size``. A group short of that size waits for more
-        (None) unless the plan has no more, the consumer waits for its first batch, or a worker
-        has nothing to do: then it goes as it is."""
+        batches after it, up to ``grouping.size_at`` (smaller at the epoch's end). A group short
+        of that size waits for more (None) unless the plan has no more, the consumer waits for
+        its first batch, or a worker has nothing to do: then it goes as it is."""
         first = self.to_submit[0]
         if not self.grouping.active or not self._fresh(first):
             return [first]
+        size = self.grouping.size_at(len(self.plan) - first)
         group = [first]
-        while len(group) < self.grouping.size and self._fresh(group[-1] + 1):
+        while len(group) < size and self._fresh(group[-1] + 1):
             group.append(group[-1] + 1)
-        if len(group) == self.grouping.size or self.next_to_plan >= len(self.plan):
+        if len(group) == size or self.next_to_plan >= len(self.plan):
             return group
         return group if first == self.next_to_yield or self.pool.idle_workers() > 0 else None
 

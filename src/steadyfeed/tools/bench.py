@@ -63,8 +63,8 @@ GIL_MIN_SPEEDUP = 1.3  # more thread workers that gain less than this ...
 GIL_MAX_CORES = 1.2  # ... while using under this many cores are held back by the GIL
 CPU_MIN_SECONDS = 0.25  # shorter windows get no CPU figure: the OS counts CPU time in 10 ms ticks
 # at most this many more warm-up batches while the loader decides who makes them: a first decision
-# on cheap batches, 8 a task, took ~450 (skips of two windows of tasks, before each measure of the
-# workers); with 200, the window opened while it was deciding and held a mix of both ways
+# on cheap batches, 8 a task, took ~450 with processes (skips of two windows of tasks before each measure
+# of the workers; one with threads); with 200, the window opened while it was deciding and held a mix of both ways
 WARMUP_WHILE_DECIDING = 600
 
 
