@@ -71,7 +71,7 @@ def test_mean_not_median_decides_bimodal_cycles():
 
 def test_work_hidden_by_workers_is_never_probed():
     h = measured(settle=0)
-    feed(h, H.PROBE_BATCHES, 10 * MS, 0.1 * MS, 20 * MS)  # training-bound: batches are ready, costly to make
+    feed(h, H.PROBE_BATCHES, 10 * MS, 0.1 * MS, 5 * MS)  # training-bound: batches are ready, costly to make
     assert h.to_workers and h._phase == "keep"
 
 
@@ -79,7 +79,7 @@ def test_work_inflated_by_contending_workers_is_probed():
     """4 threads on 2 cores: each takes 4x as long over a batch as one would, and the consumer
     waits for every batch; the gate reads the work per worker, so the consumer gets its probe."""
     hidden = H.MeasuredHandoff(settle=0, workers=1)
-    feed(hidden, H.PROBE_BATCHES, 150 * US, 140 * US, 600 * US)
+    feed(hidden, H.PROBE_BATCHES, 650 * US, 140 * US, 600 * US)
     assert hidden.to_workers and hidden._phase == "keep"  # one worker that slow would hide it
     contended = H.MeasuredHandoff(settle=0, workers=4)
     feed(contended, H.PROBE_BATCHES, 150 * US, 140 * US, 600 * US)
@@ -138,16 +138,20 @@ def test_workers_measured_again_must_clearly_beat_the_consumer():
 
 
 def test_a_way_kept_is_measured_again_once_it_drifts_slower():
-    """Workers kept at a 100 us cycle: a measure's worth of cycles 10% slower keeps them, 30%
-    slower measures both ways again, whatever the batches or seconds since (``DRIFT_RATIO``)."""
+    """Workers kept at a 100 us cycle: measures' worth of cycles 10% slower keep them, 30%
+    slower in ``DRIFT_WINDOWS`` measures in a row measure both ways again, whatever the batches
+    or seconds since (``DRIFT_RATIO``); one slow measure between normal ones is a pause."""
     h = measured(settle=0)
     feed(h, H.PROBE_BATCHES, 100 * US, 10 * US, 90 * US)  # the gate: workers hide the work
     assert h._phase == "keep" and h.to_workers
     feed(h, H.DRIFT_AFTER, 100 * US, 10 * US, 90 * US)  # no look before DRIFT_AFTER batches
-    feed(h, H.PROBE_BATCHES, 110 * US, 10 * US, 90 * US)
+    feed(h, 3 * H.PROBE_BATCHES, 110 * US, 10 * US, 90 * US)
+    for _ in range(3):  # a pause now and then
+        feed(h, H.PROBE_BATCHES, 130 * US, 10 * US, 90 * US)
+        feed(h, H.PROBE_BATCHES, 100 * US, 10 * US, 90 * US)
     assert h._phase == "keep"
-    feed(h, H.PROBE_BATCHES - 1, 130 * US, 10 * US, 90 * US)
-    assert h._phase == "keep"  # a measure's worth is needed
+    feed(h, H.DRIFT_WINDOWS * H.PROBE_BATCHES - 1, 130 * US, 10 * US, 90 * US)
+    assert h._phase == "keep"  # the measures' worth is needed
     feed(h, 1, 130 * US, 10 * US, 90 * US)
     assert h._phase == "measure" and h.to_workers
 
@@ -178,8 +182,9 @@ def test_an_epochs_refill_is_no_drift():
         feed(h, 2, 3 * MS, 3 * MS, 90 * US)  # the refill: two batches waited for
         feed(h, H.PROBE_BATCHES, 100 * US, 10 * US, 90 * US)
         assert h._phase == "keep"
-    feed(h, 2, 3 * MS, 3 * MS, 90 * US)  # within an epoch, the same waits are a drift
-    feed(h, H.PROBE_BATCHES, 100 * US, 10 * US, 90 * US)
+    for _ in range(H.DRIFT_WINDOWS):  # within an epoch, the same waits are a drift
+        feed(h, 2, 3 * MS, 3 * MS, 90 * US)
+        feed(h, H.PROBE_BATCHES - 2, 100 * US, 10 * US, 90 * US)
     assert h._phase == "measure"
 
 
@@ -187,7 +192,7 @@ def test_a_drift_is_looked_at_once_between_two_rechecks():
     h = measured(settle=0)
     feed(h, H.PROBE_BATCHES, 100 * US, 10 * US, 90 * US)
     feed(h, H.DRIFT_AFTER, 100 * US, 10 * US, 90 * US)
-    feed(h, H.PROBE_BATCHES, 130 * US, 10 * US, 90 * US)  # drifted: measured again
+    feed(h, H.DRIFT_WINDOWS * H.PROBE_BATCHES, 130 * US, 10 * US, 90 * US)  # drifted: measured again
     assert h._phase == "measure"
     feed(h, H.PROBE_BATCHES, 130 * US, 10 * US, 90 * US)  # and kept
     assert h._phase == "keep" and h.to_workers
@@ -208,6 +213,30 @@ def test_a_measure_that_drains_a_full_window_reads_the_workers_no_faster_than_th
     assert h._phase == "handover" and not h.to_workers
 
 
+def test_a_measure_that_drains_a_full_window_gives_the_consumer_its_probe():
+    """4 threads measured while draining ready batches: a 69 us cycle, 58 us of it in the loader,
+    for 1265 us of work each per batch (at best one every 316 us). Read as it was, the consumer
+    seemed to wait too little to be worth a probe, and the workers were kept without one at 80k
+    rows/s against the consumer's 107k; at their pace it waits ~300 us a batch in the loader."""
+    h = H.MeasuredHandoff(settle=0, workers=4)
+    feed(h, H.PROBE_BATCHES, 69 * US, 58 * US, 1265 * US)
+    assert h._phase == "probe" and not h.to_workers
+    hidden = H.MeasuredHandoff(settle=0, workers=4)  # a training step of 10 ms: the workers keep up
+    feed(hidden, H.PROBE_BATCHES, 10 * MS, 58 * US, 20 * MS)
+    assert hidden._phase == "keep" and hidden.to_workers
+
+
+def test_a_measure_spans_two_rounds_of_tasks():
+    """4 threads, 8 batches a task: 32 batches come back at once, then 32 are waited for. A
+    measure of 32 that began on the ready ones read a 19 us cycle; two rounds hold the wait."""
+    h = H.MeasuredHandoff(settle=0, workers=4, per_task=lambda: 8)
+    feed(h, H.PROBE_BATCHES, 19 * US, 7 * US, 200 * US)  # one round ready at once
+    assert h._phase == "measure"
+    feed(h, H.PROBE_BATCHES - 1, 19 * US, 7 * US, 200 * US)
+    feed(h, 1, 3 * MS, 3 * MS, 200 * US)  # the next round waited for
+    assert h._phase == "probe" and h._pooled_cycle == pytest.approx((63 * 19 * US + 3 * MS) / 64)
+
+
 def test_a_consumer_kept_is_measured_again_once_slower_than_the_workers_were():
     """The consumer won at 170 us against workers measured again at 300 us: it keeps the
     batches at 290 us a cycle, and is measured again at 310 us (slower than its rival)."""
@@ -220,6 +249,8 @@ def test_a_consumer_kept_is_measured_again_once_slower_than_the_workers_were():
     assert h._phase == "keep"
     feed(h, H.PROBE_BATCHES, 290 * US, 290 * US, 160 * US, made_here=True)
     assert h._phase == "keep"
+    feed(h, H.PROBE_BATCHES, 310 * US, 310 * US, 160 * US, made_here=True)
+    assert h._phase == "keep"  # one measure over: a pause, maybe
     feed(h, H.PROBE_BATCHES, 310 * US, 310 * US, 160 * US, made_here=True)
     assert h._phase == "measure" and h.to_workers
 
@@ -235,10 +266,10 @@ def test_the_choice_is_measured_again_after_batches_and_seconds(monkeypatch):
     monkeypatch.setattr(H, "RECHECK_BATCHES", 10)
     monkeypatch.setattr(H, "RECHECK_SECONDS", 1.0)
     h = measured(settle=0)
-    feed(h, H.PROBE_BATCHES, 10 * MS, 0.1 * MS, 20 * MS)
-    feed(h, 20, 10 * MS, 0.1 * MS, 20 * MS)  # 20 batches but 0.2 s: too soon
+    feed(h, H.PROBE_BATCHES, 10 * MS, 0.1 * MS, 5 * MS)
+    feed(h, 20, 10 * MS, 0.1 * MS, 5 * MS)  # 20 batches but 0.2 s: too soon
     assert h._phase == "keep"
-    feed(h, 80, 10 * MS, 0.1 * MS, 20 * MS)
+    feed(h, 80, 10 * MS, 0.1 * MS, 5 * MS)
     assert h._phase == "measure" and h.to_workers
 
 
@@ -288,7 +319,7 @@ def test_a_measure_skips_one_window_of_tasks_two_where_processes_also_make_their
     config = LoaderConfig.build(batch_size=4, workers=4, mode=mode)
     handoff = H.make_handoff(config, per_task=lambda: 8)
     assert handoff.settle == windows * config.execution.effective_prefetch * 8
-    feed(handoff, handoff.settle + H.PROBE_BATCHES, 30 * US, 25 * US, 10 * US)
+    feed(handoff, handoff.settle + H.MEASURE_ROUNDS * 4 * 8, 30 * US, 25 * US, 10 * US)
     assert handoff._phase == "probe"
 
 

@@ -7,7 +7,8 @@ page-cached HDF5 file, slices of an in-memory array) is delivered faster with no
 workers at all, so workers must not be a slowdown. :class:`MeasuredHandoff` measures
 both ways and keeps the faster:
 
-1. *with workers*: once the pipeline has filled, ``PROBE_BATCHES`` batches give the
+1. *with workers*: once the pipeline has filled, ``PROBE_BATCHES`` batches (or
+   ``MEASURE_ROUNDS`` tasks a worker, if more) give the
    mean cycle (the time from one batch handed out to the next, the consumer's own work
    in between included), the mean time the consumer spent inside the loader, and the
    mean time a worker spent making a batch. Means, not medians: throughput is the
@@ -15,7 +16,8 @@ both ways and keeps the faster:
    once, some are waited for), so a median would hide the waits. The workers' cycle is
    never taken below what their work allows (a batch's work over the number of workers):
    a measure that begins with tasks ready in the window drains them faster than the
-   workers make them;
+   workers make them, and the consumer's time in the loader is then counted with the
+   wait that the slower cycle adds;
 2. when the consumer spends less than a ``GATE_RATIO``-th of a batch's making time, per
    worker, inside the loader, the workers hide that work and nothing is probed (per
    worker: N workers at once each take longer over a batch when they contend, for the
@@ -41,7 +43,10 @@ both ways and keeps the faster:
    batches at the slower way, whether batches take microseconds or seconds. It is
    measured again sooner when its own cycles (a mean over as many batches as a measure) drift
    slower than the other way was measured (or ``DRIFT_RATIO`` times slower than its own
-   measure, where the other way was not measured; ``DRIFT_MARGIN`` at least), once between
+   measure, where the other way was not measured; ``DRIFT_MARGIN`` at least) in
+   ``DRIFT_WINDOWS`` means in a row (4 threads on HDF5 kept the consumer at 330 us a batch
+   against workers measured at 365 us, and one mean of 32 batches over that, a pause, sent
+   them back to measuring: ~250 batches at the workers' slower pace), once between
    two rechecks (so a way whose speed swings cannot keep the loader deciding), and not in
    the first ``DRIFT_AFTER`` batches kept (the pipeline refilling after a probe read as a
    drift, and ``steadyfeed bench``'s window after a decision then held a mix) nor in the
@@ -68,6 +73,7 @@ import statistics
 from collections.abc import Callable, Mapping
 
 PROBE_BATCHES = 32
+MEASURE_ROUNDS = 2  # a measure spans at least this many tasks a worker
 RECHECK_BATCHES = 2000
 RECHECK_SECONDS = 10.0
 ABORT_RATIO = 1.25
@@ -75,6 +81,7 @@ ABORT_AFTER = 4
 DRIFT_RATIO = 1.25  # the way kept is measured again once its cycles are this many times slower
 DRIFT_MARGIN = 1.1  # or slower than the other way measured, and at least this many times its own
 DRIFT_AFTER = 256  # batches kept before the drift is looked at (a window measured after a decision holds one way)
+DRIFT_WINDOWS = 2  # measures in a row that must drift: one slow stretch of 32 batches is noise
 CONFIRM_MARGIN = 0.9  # workers measured again keep the batches only at 0.9x the consumer's cycle or less
 GATE_RATIO = 4.0
 WORK_STAGES = ("read", "transform", "collate")  # making a batch; "transport" is the hand-off
@@ -124,6 +131,7 @@ class MeasuredHandoff:
         # about to change (and their slots to grow), so they are not measured until it is picked
         self._steady = steady
         self._watch_drift = True  # off after a drift was seen, until the next recheck
+        self._drifted = 0  # looks at the way kept in a row that found it drifted
         self._start_measuring()
 
     @property
@@ -132,7 +140,11 @@ class MeasuredHandoff:
         return self._settle_tasks * self._per_task()
 
     def _measured_enough(self, cycles: list) -> bool:
-        return len(cycles) >= PROBE_BATCHES
+        """Enough cycles for a mean: ``PROBE_BATCHES``, and at least ``MEASURE_ROUNDS`` tasks a
+        worker. Tasks of several batches come back in rounds (4 threads, 8 batches a task: 32
+        batches ready at once, then a wait for the next 32); a measure of one round's length
+        took whatever part of it it began on: once the 32 ready ones, at a 19 us cycle."""
+        return len(cycles) >= max(PROBE_BATCHES, MEASURE_ROUNDS * self.workers * self._per_task())
 
     @property
     def deciding(self) -> bool:
@@ -179,13 +191,19 @@ class MeasuredHandoff:
             elif self._refill > 0:
                 self._refill -= 1
             elif self._watch_drift and self._kept_batches > DRIFT_AFTER:
-                self._recent.append(cycle)
-                if self._measured_enough(self._recent):
-                    drifted = statistics.fmean(self._recent) > self._drift_limit
-                    self._recent.clear()
-                    if drifted:  # once per recheck: a way that drifts back and forth cannot keep the loader deciding
-                        self._watch_drift = False
-                        self._start_measuring()
+                self._look_for_drift(cycle)
+
+    def _look_for_drift(self, cycle: float) -> None:
+        self._recent.append(cycle)
+        if not self._measured_enough(self._recent):
+            return
+        self._drifted = self._drifted + 1 if statistics.fmean(self._recent) > self._drift_limit else 0
+        self._recent.clear()
+        if (
+            self._drifted >= DRIFT_WINDOWS
+        ):  # once per recheck: a way that drifts back and forth cannot keep the loader deciding
+            self._watch_drift = False
+            self._start_measuring()
 
     def _start_measuring(self) -> None:
         self._phase, self.to_workers = "measure", True
@@ -206,7 +224,10 @@ class MeasuredHandoff:
             return
         cycles, in_loaders, works = zip(*self._pooled)
         self._pooled_cycle = self._workers_cycle(cycles, works)
-        if statistics.fmean(in_loaders) * GATE_RATIO < statistics.fmean(works) / self.workers:
+        # a measure that drained a window of ready batches saw the consumer wait less than the
+        # workers' pace will make it: the cycle it is taken at adds that wait inside the loader
+        waited = statistics.fmean(in_loaders) + self._pooled_cycle - statistics.fmean(cycles)
+        if waited * GATE_RATIO < statistics.fmean(works) / self.workers:
             # the workers hide the work: making it here would add it
             self._keep(to_workers=True, cycle=self._pooled_cycle, rival=None)
         else:
@@ -260,6 +281,7 @@ class MeasuredHandoff:
         self._kept_batches, self._kept_seconds = 0, 0.0
         self._drift_limit = DRIFT_RATIO * cycle if rival is None else max(rival, DRIFT_MARGIN * cycle)
         self._recent: list[float] = []  # cycles since the last look at the drift
+        self._drifted = 0
         self._refill = 0  # batches of an epoch's start not looked at for a drift
 
 
