@@ -239,7 +239,8 @@ def test_a_measure_spans_two_rounds_of_tasks():
 
 def test_a_consumer_kept_is_measured_again_once_slower_than_the_workers_were():
     """The consumer won at 170 us against workers measured again at 300 us: it keeps the
-    batches at 290 us a cycle, and is measured again at 310 us (slower than its rival)."""
+    batches at 320 us a cycle (a tie with its rival), and is measured again at 340 us (10%
+    slower than its rival was)."""
     h = measured(settle=0)
     feed(h, H.PROBE_BATCHES, 300 * US, 250 * US, 300 * US)
     feed(h, 1 + H.PROBE_BATCHES, 170 * US, 170 * US, 160 * US, made_here=True)
@@ -247,11 +248,11 @@ def test_a_consumer_kept_is_measured_again_once_slower_than_the_workers_were():
     assert h._phase == "keep" and not h.to_workers
     feed(h, H.DRIFT_AFTER, 400 * US, 400 * US, 160 * US, made_here=True)  # not looked at yet
     assert h._phase == "keep"
-    feed(h, H.PROBE_BATCHES, 290 * US, 290 * US, 160 * US, made_here=True)
+    feed(h, 2 * H.PROBE_BATCHES, 320 * US, 320 * US, 160 * US, made_here=True)
     assert h._phase == "keep"
-    feed(h, H.PROBE_BATCHES, 310 * US, 310 * US, 160 * US, made_here=True)
+    feed(h, H.PROBE_BATCHES, 340 * US, 340 * US, 160 * US, made_here=True)
     assert h._phase == "keep"  # one measure over: a pause, maybe
-    feed(h, H.PROBE_BATCHES, 310 * US, 310 * US, 160 * US, made_here=True)
+    feed(h, H.PROBE_BATCHES, 340 * US, 340 * US, 160 * US, made_here=True)
     assert h._phase == "measure" and h.to_workers
 
 

@@ -42,11 +42,11 @@ both ways and keeps the faster:
    may have changed). Both bounds keep the probes rare: a probe costs a few dozen
    batches at the slower way, whether batches take microseconds or seconds. It is
    measured again sooner when its own cycles (a mean over as many batches as a measure) drift
-   slower than the other way was measured (or ``DRIFT_RATIO`` times slower than its own
-   measure, where the other way was not measured; ``DRIFT_MARGIN`` at least) in
-   ``DRIFT_WINDOWS`` means in a row (4 threads on HDF5 kept the consumer at 330 us a batch
-   against workers measured at 365 us, and one mean of 32 batches over that, a pause, sent
-   them back to measuring: ~250 batches at the workers' slower pace), once between
+   ``DRIFT_MARGIN`` times slower than the other way was measured, or than its own measure
+   (``DRIFT_RATIO`` times, where the other way was not measured), in ``DRIFT_WINDOWS`` means
+   in a row (4 threads on HDF5 kept the consumer at 293-330 us a batch against workers
+   measured at 365 us, and one mean of 32 batches over that, a pause, then two, sent them back
+   to measuring: ~250 batches at the workers' slower pace), once between
    two rechecks (so a way whose speed swings cannot keep the loader deciding), and not in
    the first ``DRIFT_AFTER`` batches kept (the pipeline refilling after a probe read as a
    drift, and ``steadyfeed bench``'s window after a decision then held a mix) nor in the
@@ -79,7 +79,7 @@ RECHECK_SECONDS = 10.0
 ABORT_RATIO = 1.25
 ABORT_AFTER = 4
 DRIFT_RATIO = 1.25  # the way kept is measured again once its cycles are this many times slower
-DRIFT_MARGIN = 1.1  # or slower than the other way measured, and at least this many times its own
+DRIFT_MARGIN = 1.1  # or this many times slower than the other way measured, or than its own
 DRIFT_AFTER = 256  # batches kept before the drift is looked at (a window measured after a decision holds one way)
 DRIFT_WINDOWS = 2  # measures in a row that must drift: one slow stretch of 32 batches is noise
 CONFIRM_MARGIN = 0.9  # workers measured again keep the batches only at 0.9x the consumer's cycle or less
@@ -274,12 +274,13 @@ class MeasuredHandoff:
 
     def _keep(self, to_workers: bool, cycle: float, rival: float | None) -> None:
         """Keep one way, measured at a mean ``cycle``, the other at ``rival`` (None: not measured).
-        Measured again once the way kept is slower than its rival was (at least ``DRIFT_MARGIN``
-        times its own cycle, so that two close measures do not make it flip back and forth), or
-        ``DRIFT_RATIO`` times its own cycle when the rival was not measured."""
+        Measured again once the way kept is ``DRIFT_MARGIN`` times slower than the slower of its
+        rival and itself were (a tie goes to the way kept, as ``CONFIRM_MARGIN`` gives it to the
+        consumer: two close measures must not make it flip back and forth), or ``DRIFT_RATIO``
+        times its own cycle when the rival was not measured."""
         self._phase, self.to_workers = "keep", to_workers
         self._kept_batches, self._kept_seconds = 0, 0.0
-        self._drift_limit = DRIFT_RATIO * cycle if rival is None else max(rival, DRIFT_MARGIN * cycle)
+        self._drift_limit = DRIFT_RATIO * cycle if rival is None else DRIFT_MARGIN * max(rival, cycle)
         self._recent: list[float] = []  # cycles since the last look at the drift
         self._drifted = 0
         self._refill = 0  # batches of an epoch's start not looked at for a drift
