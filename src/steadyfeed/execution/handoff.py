@@ -199,9 +199,8 @@ class MeasuredHandoff:
             return
         self._drifted = self._drifted + 1 if statistics.fmean(self._recent) > self._drift_limit else 0
         self._recent.clear()
-        if (
-            self._drifted >= DRIFT_WINDOWS
-        ):  # once per recheck: a way that drifts back and forth cannot keep the loader deciding
+        if self._drifted >= DRIFT_WINDOWS:
+            # once per recheck: a way that drifts back and forth cannot keep the loader deciding
             self._watch_drift = False
             self._start_measuring()
 

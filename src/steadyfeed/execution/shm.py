@@ -68,7 +68,8 @@ _ALIGN = 64
 # (movntdq: to memory, past the caches) and others with ordinary ones; the consumer reads a batch
 # right after it is made, and JPEGs of 128 x 128 decoded into aligned slots took 81 us an image
 # against 76 us at any offset off 16 and 32 bytes (numpy's own large arrays start 16 bytes past a
-# page, so threads and workers=0 always had the faster stores). 8 keeps any dtype's alignment.
+# page, off the 32 bytes the AVX2 path checks, so threads and workers=0 had the faster stores).
+# 8 is off both the SSE2 and the AVX2 boundary and keeps any dtype's alignment.
 _BYTES_SKEW = 8
 PLACE = "/dev/shm" if sys.platform.startswith("linux") else "shared memory"  # where shm_open's segments live
 _FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
