@@ -447,3 +447,54 @@ def test_read_batch_refuses_a_later_file_of_another_dtype_with_the_same_size(tmp
     np.save(inputs / "0001.npy", np.full((3, 4), 1, np.int32))
     with pytest.raises(ValueError, match=r"0001.npy: int32 \(3, 4\) differs from float32 \(3, 4\)"):
         NpyPairs(inputs, tmp_path / "labels").read_batch(range(4))
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_read_batch_keeps_one_descriptor_per_directory_until_close(tmp_path):
+    """A batch's files are opened relative to their directories: each process opens the two
+    once and keeps them (never one per file); close() gives them back, a copy holds none."""
+    inputs, labels = write_pairs(tmp_path, 50)
+    src = NpyPairs(inputs, labels)
+    before = open_fds()
+    for start in range(0, 50, 10):
+        assert src.read_batch(range(start, start + 10))["x"][0, 0] == start * WIDTH
+    assert open_fds() == before + 2
+    src.close()
+    assert open_fds() == before
+    copy = pickle.loads(pickle.dumps(src))  # holds its listing's mapping: count from here
+    unpickled = open_fds()
+    np.testing.assert_array_equal(copy.read_batch([3])["x"][0], x_of(3))  # opens its own
+    assert open_fds() == unpickled + 2
+    copy.close()
+    assert open_fds() == unpickled
+
+
+def test_read_batch_names_a_missing_file_by_its_full_path(tmp_path):
+    inputs, labels = write_pairs(tmp_path, 4)
+    src = NpyPairs(inputs, labels)
+    (labels / "0002.npy").unlink()
+    with pytest.raises(FileNotFoundError) as info:
+        src.read_batch(range(4))
+    assert info.value.filename == str(labels / "0002.npy")
+    src.close()
+
+
+def test_read_batch_where_files_cannot_be_opened_relative_to_a_directory(tmp_path, monkeypatch):
+    """Windows' os.open takes no dir_fd: there the files are opened by their full paths."""
+    from steadyfeed.sources import npy
+
+    monkeypatch.setattr(npy, "_OPENAT", False)
+    inputs, labels = write_pairs(tmp_path, 6, name=lambda i: f"{i:02d}_données.npy")
+    src = NpyPairs(inputs, labels)
+    before = open_fds()
+    batch = src.read_batch([5, 1, 2])
+    np.testing.assert_array_equal(batch["x"], np.stack([x_of(5), x_of(1), x_of(2)]))
+    assert open_fds() == before
+    (inputs / "01_données.npy").unlink()
+    with pytest.raises(FileNotFoundError) as info:
+        src.read_batch([0, 1])
+    assert info.value.filename == str(inputs / "01_données.npy")

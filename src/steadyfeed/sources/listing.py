@@ -83,9 +83,13 @@ class Listing:
 
     def relatives(self, ids: np.ndarray) -> list[str]:
         """``[self.relative(i) for i in ids]``, the offsets looked up at once (a batch's names)."""
+        return [os.fsdecode(name) for name in self.relatives_bytes(ids)]
+
+    def relatives_bytes(self, ids: np.ndarray) -> list[bytes]:
+        """``[self.relative_bytes(i) for i in ids]``: names as the OS takes them, not decoded."""
         buffer, offsets = self.buffer, self.offsets
         starts, ends = offsets[ids].tolist(), offsets[np.add(ids, 1)].tolist()
-        return [os.fsdecode(buffer[a:b].tobytes()) for a, b in zip(starts, ends)]
+        return [buffer[a:b].tobytes() for a, b in zip(starts, ends)]
 
     def paths(self, ids: np.ndarray) -> list[str]:
         """``[self.path(i) for i in ids]`` (a batch's files)."""

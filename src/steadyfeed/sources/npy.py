@@ -19,12 +19,12 @@ import os
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
 from ..errors import DataError
-from .base import Allocator, LazyHandles, MappedFile, file_fingerprint, native, pread_fully
+from .base import Allocator, LazyHandles, MappedFile, file_fingerprint, native, numpy_allocator, pread_fully
 from .listing import Listing, RelativePaths, cached_listing, list_tree
 from .raw_rows import GAP_BYTES, RawRows, read_rows
 
@@ -32,6 +32,7 @@ _FIRST_READ = 256  # np.save pads headers to 64 bytes: 128 for ordinary dtypes a
 _LENGTH_FIELD = {(1, 0): "<H", (2, 0): "<I"}  # how each version stores its header length
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 _SHOWN = 10  # names listed in an unpaired-files error
+_OPENAT = os.open in os.supports_dir_fd  # files opened relative to an open directory (not on Windows)
 
 
 @dataclass(frozen=True)
@@ -108,65 +109,82 @@ def _read_into(fd: int, out: np.ndarray, offset: int, path: str) -> None:
         )
 
 
-def _read_stack(paths: list[str], out: np.ndarray | None = None) -> np.ndarray:
-    """The arrays in ``paths``, which must share shape and dtype, as rows of one array: a new
-    one, or ``out`` (rows of the first file's shape and dtype, else ValueError).
+class _Folder(NamedTuple):
+    """Files of one directory, opened relative to it: the kernel walks one path component per
+    open, not the whole path (one ``.npy`` pair: 0.5 us of 17 less, measured), and nothing
+    decodes or encodes a name. Messages name the full path. ``fd`` is None where ``os.open``
+    takes no ``dir_fd`` (Windows): names are then joined to ``prefix``."""
 
-    The first file is parsed and checked; every other file is read whole in one ``preadv``:
-    its header into a scratch buffer, its data straight into its row, plus one byte past the
-    end. A file whose header is byte-identical to the first and whose length is exact is
-    done: no parsing, no ``fstat``, three system calls. Anything else (another shape or
-    dtype, a truncated or overlong file) takes the checked path, which names the problem.
+    path: str
+    fd: int | None
+    prefix: bytes  # the directory's path and a separator, as bytes
+
+    def open(self, name: bytes) -> int:
+        try:
+            if self.fd is None:
+                return os.open(self.prefix + name, os.O_RDONLY)
+            return os.open(name, os.O_RDONLY, dir_fd=self.fd)
+        except OSError as exc:  # named as the user knows the file, not relative to a descriptor
+            raise OSError(exc.errno, exc.strerror, self.path_of(name)) from None
+
+    def path_of(self, name: bytes) -> str:
+        return os.path.join(self.path, os.fsdecode(name))
+
+    def layout(self, name: bytes) -> _Layout:
+        """The checked layout of file ``name``, which must be one a whole batch can share (not
+        Fortran-ordered with more than one dimension: ValueError, read one by one)."""
+        fd = self.open(name)
+        try:
+            layout = npy_layout(fd, self.path_of(name))
+        finally:
+            os.close(fd)
+        if layout.order == "F" and len(layout.shape) > 1:
+            raise ValueError(f"{self.path_of(name)}: Fortran order: read one by one")
+        return layout
+
+
+def _open_folder(path: str) -> int | None:
+    return os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if _OPENAT else None
+
+
+def _close_folder(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def _read_stack(folder: _Folder, names: list[bytes], first: _Layout, out: np.ndarray) -> np.ndarray:
+    """The arrays of files ``names``, which must share ``first`` (the checked layout of the
+    first), as the rows of ``out`` (rows of that shape and dtype).
+
+    Each file is read whole in one ``preadv``: its header into a scratch buffer, its data
+    straight into its row, plus one byte past the end. A file whose header is byte-identical
+    to ``first``'s and whose length is exact is done: no parsing, no ``fstat``, three system
+    calls. Anything else (another shape or dtype, a truncated or overlong file) takes the
+    checked path, which names the problem (ValueError for a file that cannot share the rows).
     """
-    out, first = _read_first(paths[0], len(paths), out)
-    if first.nbytes == 0 or len(paths) == 1:
-        _read_rows_checked(paths, out, first, start=1)
+    if first.nbytes == 0:  # rows of nothing: each file's header checked, no data
+        for row, name in enumerate(names):
+            _read_file_checked(folder, name, out, row, first)
         return out
-    rows = out.reshape(len(paths), -1).view(np.uint8)
-    header, scratch, past_end = first.header, bytearray(first.offset), bytearray(1)
-    for row in range(1, len(paths)):
-        fd = os.open(paths[row], os.O_RDONLY)
+    rows = out.reshape(len(names), -1).view(np.uint8)
+    scratch, past_end = bytearray(first.offset), bytearray(1)
+    for row, name in enumerate(names):
+        fd = folder.open(name)
         try:
             whole = os.preadv(fd, [scratch, rows[row], past_end], 0) == first.offset + first.nbytes
-            if not (whole and scratch == header):
-                _read_row_checked(fd, paths[row], out, row, first)
+            if not (whole and scratch == first.header):
+                _read_row_checked(fd, folder.path_of(name), out, row, first)
         finally:
             os.close(fd)
     return out
 
 
-def _read_first(path: str, n: int, out: np.ndarray | None) -> tuple[np.ndarray, _Layout]:
-    fd = os.open(path, os.O_RDONLY)
+def _read_file_checked(folder: _Folder, name: bytes, out: np.ndarray, row: int, first: _Layout) -> None:
+    fd = folder.open(name)
     try:
-        layout = npy_layout(fd, path)
-        if layout.order == "F" and len(layout.shape) > 1:
-            raise ValueError(f"{path}: Fortran order: read one by one")
-        if out is None:
-            out = np.empty((n, *layout.shape), layout.dtype)
-        if out.shape != (n, *layout.shape) or out.dtype != layout.dtype:
-            raise ValueError(f"{path}: given rows of {out.dtype} {out.shape[1:]} for {layout.dtype} {layout.shape}")
-        if layout.nbytes:
-            _read_into(fd, out[0:1], layout.offset, path)  # a slice: 0-d rows stay views
-        return out, layout
+        _read_row_checked(fd, folder.path_of(name), out, row, first)
     finally:
         os.close(fd)
-
-
-def _layout_of(path: str) -> _Layout:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return npy_layout(fd, path)
-    finally:
-        os.close(fd)
-
-
-def _read_rows_checked(paths: list[str], out: np.ndarray, first: _Layout, start: int) -> None:
-    for row in range(start, len(paths)):
-        fd = os.open(paths[row], os.O_RDONLY)
-        try:
-            _read_row_checked(fd, paths[row], out, row, first)
-        finally:
-            os.close(fd)
 
 
 def _read_row_checked(fd: int, path: str, out: np.ndarray, row: int, first: _Layout) -> None:
@@ -235,8 +253,9 @@ class NpyPairs:
     reused until a directory changes, shared with process workers as a mapped file, so 10
     million pairs pickle small). Each read parses the header (cached per distinct header)
     and preads the data straight into a fresh array; a bad file is a DataError naming it,
-    pinned on its sample by the loader. Holds no open files, so it is safe to share between
-    threads.
+    pinned on its sample by the loader. A batch's files are opened relative to their
+    directories, which each process opens on its first batch and keeps until ``close()``
+    (two descriptors, never one per file); safe to share between threads.
     """
 
     def __init__(
@@ -247,7 +266,7 @@ class NpyPairs:
         cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.dirs = {"x": os.fspath(inputs_dir), "y": os.fspath(labels_dir)}
-        self._prefixes = {key: os.path.join(d, "") for key, d in self.dirs.items()}  # + a name: its file
+        self._prefixes = {key: os.fsencode(os.path.join(d, "")) for key, d in self.dirs.items()}  # + a name: its file
         inputs = _npy_listing(self.dirs["x"], "inputs", cache_dir)
         labels = _npy_listing(self.dirs["y"], "labels", cache_dir)
         if not inputs.same_names(labels):
@@ -258,6 +277,7 @@ class NpyPairs:
             ]
             raise DataError("NpyPairs pairs files by name; " + "; ".join(p for p in problems if p))
         self._listing = inputs
+        self._folders = LazyHandles(_open_folder, _close_folder)  # each process opens its own
 
     @property
     def names(self) -> RelativePaths:
@@ -281,13 +301,21 @@ class NpyPairs:
         the first (shape, dtype, Fortran order) raises; the engine then reads one by one, which
         names the sample. ``allocate``: where the arrays go (the source protocol's,
         ``sources/base.py``), asked once the first file of each key has given its layout."""
-        names = self._listing.relatives(np.asarray(ids, np.int64))
-        paths = {key: [prefix + name for name in names] for key, prefix in self._prefixes.items()}
-        if allocate is None:
-            return {key: _read_stack(files) for key, files in paths.items()}
-        layouts = {key: _layout_of(files[0]) for key, files in paths.items()}
-        out = allocate({key: ((len(names), *layout.shape), layout.dtype) for key, layout in layouts.items()})
-        return {key: _read_stack(files, out[key]) for key, files in paths.items()}
+        names = self._listing.relatives_bytes(np.asarray(ids, np.int64))
+        with self._folders.use(self.dirs["x"]) as x_fd, self._folders.use(self.dirs["y"]) as y_fd:
+            folders = {"x": self._folder("x", x_fd), "y": self._folder("y", y_fd)}
+            layouts = {key: folder.layout(names[0]) for key, folder in folders.items()}
+            out = (allocate or numpy_allocator)(
+                {key: ((len(names), *layout.shape), layout.dtype) for key, layout in layouts.items()}
+            )
+            return {key: _read_stack(folder, names, layouts[key], out[key]) for key, folder in folders.items()}
+
+    def _folder(self, key: str, fd: int | None) -> _Folder:
+        return _Folder(self.dirs[key], fd, self._prefixes[key])
+
+    def close(self) -> None:
+        """Close the directories this process opened to read from (reopened on the next read)."""
+        self._folders.close()
 
     def locate(self, i: int) -> str:
         return ", ".join(self.paths(i).values())
