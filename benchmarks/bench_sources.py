@@ -923,6 +923,22 @@ def limit_epochs(ds: Dataset, path: str, n: int, processes: int, threads: bool =
 
 # -- a hand-off loop: what a loader that hands over every batch of 32 can reach ------------
 HANDOFF_SLOTS = 4  # per process: batches made ahead, or in the consumer's hands
+# Where x and y lie in a slot: decoded images (bytes) start 8 bytes past the segment's page, as
+# steadyfeed's do (execution/shm.py: libjpeg-turbo stores vector-aligned rows past the caches)
+BYTES_SKEW = 8
+
+
+def slot_offsets(x_spec: tuple, y_spec: tuple) -> tuple[int, int, int]:
+    """(x's offset, y's offset, the slot's size) for batches of ``x_spec`` and ``y_spec``."""
+    (x_shape, x_dtype), (y_shape, y_dtype) = x_spec, y_spec
+    x_at = BYTES_SKEW if np.dtype(x_dtype).itemsize == 1 else 0
+    y_at = -(-(x_at + int(np.prod(x_shape)) * np.dtype(x_dtype).itemsize) // 64) * 64
+    return x_at, y_at, y_at + int(np.prod(y_shape)) * np.dtype(y_dtype).itemsize
+
+
+def slot_views(buf, x_spec: tuple, y_spec: tuple) -> tuple[np.ndarray, np.ndarray]:
+    x_at, y_at, _ = slot_offsets(x_spec, y_spec)
+    return np.ndarray(*x_spec, buffer=buf, offset=x_at), np.ndarray(*y_spec, buffer=buf, offset=y_at)
 
 
 def make_batch_into(files: tuple, ds_key: str, ids: range, x: np.ndarray, y: np.ndarray) -> None:
@@ -959,12 +975,7 @@ def handoff_process(conn, ds_key: str, files: tuple, names: list[str], x_spec: t
     from multiprocessing import shared_memory
 
     segments = [shared_memory.SharedMemory(name=name) for name in names]
-    (x_shape, x_dtype), (y_shape, y_dtype) = x_spec, y_spec
-    x_bytes = int(np.prod(x_shape)) * np.dtype(x_dtype).itemsize
-    slots = [
-        (np.ndarray(x_shape, x_dtype, buffer=s.buf), np.ndarray(y_shape, y_dtype, buffer=s.buf, offset=x_bytes))
-        for s in segments
-    ]
+    slots = [slot_views(s.buf, x_spec, y_spec) for s in segments]
     n = len(files[0])
     try:
         while (batches := conn.recv()) is not None:
@@ -1000,13 +1011,13 @@ def handoff_epochs(ds: Dataset, path: str, n: int, processes: int) -> Iterator[E
         x_spec, y_spec = ((BATCH, *first.shape), first.dtype.str), ((BATCH, 1), np.load(files[1][0]).dtype.str)
     else:
         x_spec, y_spec = ((BATCH, 128, 128, 3), "|u1"), ((BATCH,), "<i8")
-    x_bytes, y_bytes = (int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in (x_spec, y_spec))
+    slot_bytes = slot_offsets(x_spec, y_spec)[2]
     batches = -(-n // BATCH)
     mp = multiprocessing.get_context("spawn")
     with ExitStack() as stack:
         pipes, views = [], []
         for _ in range(processes):
-            own = [shared_memory.SharedMemory(create=True, size=x_bytes + y_bytes) for _ in range(HANDOFF_SLOTS)]
+            own = [shared_memory.SharedMemory(create=True, size=slot_bytes) for _ in range(HANDOFF_SLOTS)]
             for s in own:
                 stack.callback(s.unlink)
                 stack.callback(s.close)
@@ -1021,15 +1032,7 @@ def handoff_epochs(ds: Dataset, path: str, n: int, processes: int) -> Iterator[E
             stack.callback(parent.send, None)
             child.close()
             pipes.append(parent)
-            views.append(
-                [
-                    (
-                        np.ndarray(x_spec[0], x_spec[1], buffer=s.buf),
-                        np.ndarray(y_spec[0], y_spec[1], buffer=s.buf, offset=x_bytes),
-                    )
-                    for s in own
-                ]
-            )
+            views.append([slot_views(s.buf, x_spec, y_spec) for s in own])
         stack.callback(views.clear)
 
         def batches_of(e: int) -> Iterator:
