@@ -24,6 +24,12 @@ pytestmark = pytest.mark.timeout(120)
 US, MS = 1e-6, 1e-3
 
 
+@pytest.fixture(autouse=True)
+def measures_by_count(monkeypatch):
+    """These tests count batches: a measure's seconds bound is off but where a test sets it."""
+    monkeypatch.setattr(H, "MEASURE_SECONDS", 0.0)
+
+
 def feed(handoff, n, cycle, in_loader, work, made_here=False):
     for _ in range(n):
         handoff.record(cycle, in_loader, {"read": work, "transport": 1.0}, made_here)  # transport is no work
@@ -254,6 +260,23 @@ def test_a_consumer_kept_is_measured_again_once_slower_than_the_workers_were():
     assert h._phase == "keep"  # one measure over: a pause, maybe
     feed(h, H.PROBE_BATCHES, 340 * US, 340 * US, 160 * US, made_here=True)
     assert h._phase == "measure" and h.to_workers
+
+
+def test_a_measure_spans_several_of_the_schedulers_time_slices(monkeypatch):
+    """2 processes making HDF5 rows at 73 us a batch, beside the consumer on 2 cores: one wait
+    for a time slice (3.6 ms) among 32 of their cycles read them at 180 us a batch, slower than
+    the consumer's 118 us. A measure goes on until it spans ``MEASURE_SECONDS``."""
+    monkeypatch.setattr(H, "MEASURE_SECONDS", 20 * MS)
+    h = H.MeasuredHandoff(settle=0, workers=2)
+    feed(h, 1, 3.6 * MS, 3.6 * MS, 140 * US)
+    feed(h, H.PROBE_BATCHES - 1, 73 * US, 40 * US, 140 * US)
+    assert h._phase == "measure"  # 32 batches, 5.9 ms
+    more = int((20 * MS - 3.6 * MS) / (73 * US)) - (H.PROBE_BATCHES - 1)
+    feed(h, more, 73 * US, 40 * US, 140 * US)
+    assert h._phase == "measure"
+    feed(h, 1, 73 * US, 40 * US, 140 * US)
+    assert h._phase == "probe" and h._pooled_cycle == pytest.approx((3.6 * MS + (more + 32) * 73 * US) / (more + 33))
+    assert h._pooled_cycle < H.CONFIRM_MARGIN * 118 * US  # the stall no longer decides
 
 
 def test_a_slower_consumer_keeps_the_workers():

@@ -8,7 +8,7 @@ workers at all, so workers must not be a slowdown. :class:`MeasuredHandoff` meas
 both ways and keeps the faster:
 
 1. *with workers*: once the pipeline has filled, ``PROBE_BATCHES`` batches (or
-   ``MEASURE_ROUNDS`` tasks a worker, if more) give the
+   ``MEASURE_ROUNDS`` tasks a worker, if more, spanning ``MEASURE_SECONDS`` at least) give the
    mean cycle (the time from one batch handed out to the next, the consumer's own work
    in between included), the mean time the consumer spent inside the loader, and the
    mean time a worker spent making a batch. Means, not medians: throughput is the
@@ -74,6 +74,7 @@ from collections.abc import Callable, Mapping
 
 PROBE_BATCHES = 32
 MEASURE_ROUNDS = 2  # a measure spans at least this many tasks a worker
+MEASURE_SECONDS = 0.02  # and at least this long: several of the OS scheduler's time slices
 RECHECK_BATCHES = 2000
 RECHECK_SECONDS = 10.0
 ABORT_RATIO = 1.25
@@ -111,6 +112,28 @@ class FixedHandoff:
         pass  # workers=0 has no workers to lose; a pool that keeps every batch already does
 
 
+class _Cycles:
+    """The batches of one measure: each one's cycle (and what else it brought along, as
+    columns), and the seconds they span."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[float, ...]] = []
+        self.seconds = 0.0
+
+    def add(self, cycle: float, *more: float) -> None:
+        self.rows.append((cycle, *more))
+        self.seconds += cycle
+
+    def columns(self) -> list[tuple[float, ...]]:
+        return list(zip(*self.rows))
+
+    def mean(self) -> float:
+        return self.seconds / len(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
 class MeasuredHandoff:
     """Measures batches made by workers and by the consumer; ``to_workers`` says which way now."""
 
@@ -139,12 +162,17 @@ class MeasuredHandoff:
         """Batches to skip after (re)starting workers."""
         return self._settle_tasks * self._per_task()
 
-    def _measured_enough(self, cycles: list) -> bool:
-        """Enough cycles for a mean: ``PROBE_BATCHES``, and at least ``MEASURE_ROUNDS`` tasks a
-        worker. Tasks of several batches come back in rounds (4 threads, 8 batches a task: 32
-        batches ready at once, then a wait for the next 32); a measure of one round's length
-        took whatever part of it it began on: once the 32 ready ones, at a 19 us cycle."""
-        return len(cycles) >= max(PROBE_BATCHES, MEASURE_ROUNDS * self.workers * self._per_task())
+    def _measured_enough(self, cycles: _Cycles) -> bool:
+        """Enough cycles for a mean: ``PROBE_BATCHES``, at least ``MEASURE_ROUNDS`` tasks a
+        worker, and ``MEASURE_SECONDS``. Tasks of several batches come back in rounds (4
+        threads, 8 batches a task: 32 batches ready at once, then a wait for the next 32); a
+        measure of one round's length took whatever part of it it began on: once the 32 ready
+        ones, at a 19 us cycle. And where more threads run than there are cores, one waits
+        out another's time slice now and then (1-4 ms: a consumer and 2 processes on 2 cores):
+        32 batches of HDF5 rows span 2.4 ms, and one such wait among them read 2 processes at
+        170 us a batch, where they run at 73 us, and left the consumer making every batch."""
+        enough = max(PROBE_BATCHES, MEASURE_ROUNDS * self.workers * self._per_task())
+        return len(cycles) >= enough and cycles.seconds >= MEASURE_SECONDS
 
     @property
     def deciding(self) -> bool:
@@ -165,7 +193,7 @@ class MeasuredHandoff:
         if self._phase in ("measure", "confirm"):
             self._settle = self.settle
         elif self._phase == "keep" and self.to_workers:
-            self._recent.clear()
+            self._recent = _Cycles()
             self._refill = self.settle
 
     def record(self, cycle: float, in_loader: float, timings: dict, made_here: bool) -> None:
@@ -194,11 +222,11 @@ class MeasuredHandoff:
                 self._look_for_drift(cycle)
 
     def _look_for_drift(self, cycle: float) -> None:
-        self._recent.append(cycle)
+        self._recent.add(cycle)
         if not self._measured_enough(self._recent):
             return
-        self._drifted = self._drifted + 1 if statistics.fmean(self._recent) > self._drift_limit else 0
-        self._recent.clear()
+        self._drifted = self._drifted + 1 if self._recent.mean() > self._drift_limit else 0
+        self._recent = _Cycles()
         if self._drifted >= DRIFT_WINDOWS:
             # once per recheck: a way that drifts back and forth cannot keep the loader deciding
             self._watch_drift = False
@@ -207,7 +235,7 @@ class MeasuredHandoff:
     def _start_measuring(self) -> None:
         self._phase, self.to_workers = "measure", True
         self._settle, self._unsteady = self.settle, False
-        self._pooled: list[tuple[float, float, float]] = []
+        self._pooled = _Cycles()  # (cycle, in_loader, work) of each batch measured
 
     def _measure(self, cycle: float, in_loader: float, work: float) -> None:
         if not self._steady():
@@ -218,10 +246,10 @@ class MeasuredHandoff:
         if self._settle > 0:
             self._settle -= 1
             return
-        self._pooled.append((cycle, in_loader, work))
+        self._pooled.add(cycle, in_loader, work)
         if not self._measured_enough(self._pooled):
             return
-        cycles, in_loaders, works = zip(*self._pooled)
+        cycles, in_loaders, works = self._pooled.columns()
         self._pooled_cycle = self._workers_cycle(cycles, works)
         # a measure that drained a window of ready batches saw the consumer wait less than the
         # workers' pace will make it: the cycle it is taken at adds that wait inside the loader
@@ -248,7 +276,7 @@ class MeasuredHandoff:
             else:  # as fast as the workers were, or faster: measure them again before handing the batches over
                 self._phase, self.to_workers = "confirm", True
                 self._here_cycle, self._settle = here, self.settle
-                self._again: list[tuple[float, float]] = []
+                self._again = _Cycles()  # (cycle, work)
 
     def _workers_cycle(self, cycles, works) -> float:
         """The workers' mean cycle, never below what their work allows: ``workers`` of them
@@ -262,10 +290,10 @@ class MeasuredHandoff:
         if self._settle > 0:
             self._settle -= 1
             return
-        self._again.append((cycle, work))
+        self._again.add(cycle, work)
         if not self._measured_enough(self._again):
             return
-        again = self._again_cycle = self._workers_cycle(*zip(*self._again))
+        again = self._again_cycle = self._workers_cycle(*self._again.columns())
         if again <= CONFIRM_MARGIN * self._here_cycle:
             self._keep(to_workers=True, cycle=again, rival=self._here_cycle)
         else:
@@ -280,7 +308,7 @@ class MeasuredHandoff:
         self._phase, self.to_workers = "keep", to_workers
         self._kept_batches, self._kept_seconds = 0, 0.0
         self._drift_limit = DRIFT_RATIO * cycle if rival is None else DRIFT_MARGIN * max(rival, cycle)
-        self._recent: list[float] = []  # cycles since the last look at the drift
+        self._recent = _Cycles()  # cycles since the last look at the drift
         self._drifted = 0
         self._refill = 0  # batches of an epoch's start not looked at for a drift
 
