@@ -26,8 +26,8 @@ US, MS = 1e-6, 1e-3
 
 @pytest.fixture(autouse=True)
 def measures_by_count(monkeypatch):
-    """These tests count batches: a measure's seconds bound is off but where a test sets it."""
-    monkeypatch.setattr(H, "MEASURE_SECONDS", 0.0)
+    """These tests count batches: the second measure's seconds bound is off but where a test sets it."""
+    monkeypatch.setattr(H, "CONFIRM_SECONDS", 0.0)
 
 
 def feed(handoff, n, cycle, in_loader, work, made_here=False):
@@ -262,21 +262,26 @@ def test_a_consumer_kept_is_measured_again_once_slower_than_the_workers_were():
     assert h._phase == "measure" and h.to_workers
 
 
-def test_a_measure_spans_several_of_the_schedulers_time_slices(monkeypatch):
+def test_the_measure_that_can_hand_batches_over_spans_several_time_slices(monkeypatch):
     """2 processes making HDF5 rows at 73 us a batch, beside the consumer on 2 cores: one wait
-    for a time slice (3.6 ms) among 32 of their cycles read them at 180 us a batch, slower than
-    the consumer's 118 us. A measure goes on until it spans ``MEASURE_SECONDS``."""
-    monkeypatch.setattr(H, "MEASURE_SECONDS", 20 * MS)
+    for a time slice (3.6 ms) among the 32 cycles of their second measure read them at 180 us
+    a batch, slower than the consumer's 118 us, which then made every batch. That measure goes
+    on until it spans ``CONFIRM_SECONDS`` (the first only decides on a probe)."""
+    monkeypatch.setattr(H, "CONFIRM_SECONDS", 20 * MS)
     h = H.MeasuredHandoff(settle=0, workers=2)
+    feed(h, H.PROBE_BATCHES, 125 * US, 100 * US, 140 * US)  # a stall in the first: a probe
+    assert h._phase == "probe"
+    feed(h, 1 + H.PROBE_BATCHES, 118 * US, 118 * US, 110 * US, made_here=True)
+    assert h._phase == "confirm"
     feed(h, 1, 3.6 * MS, 3.6 * MS, 140 * US)
     feed(h, H.PROBE_BATCHES - 1, 73 * US, 40 * US, 140 * US)
-    assert h._phase == "measure"  # 32 batches, 5.9 ms
+    assert h._phase == "confirm"  # 32 batches, 5.9 ms
     more = int((20 * MS - 3.6 * MS) / (73 * US)) - (H.PROBE_BATCHES - 1)
     feed(h, more, 73 * US, 40 * US, 140 * US)
-    assert h._phase == "measure"
+    assert h._phase == "confirm"
     feed(h, 1, 73 * US, 40 * US, 140 * US)
-    assert h._phase == "probe" and h._pooled_cycle == pytest.approx((3.6 * MS + (more + 32) * 73 * US) / (more + 33))
-    assert h._pooled_cycle < H.CONFIRM_MARGIN * 118 * US  # the stall no longer decides
+    assert h._phase == "keep" and h.to_workers
+    assert h._again_cycle == pytest.approx((3.6 * MS + (more + 32) * 73 * US) / (more + 33))
 
 
 def test_a_slower_consumer_keeps_the_workers():

@@ -8,7 +8,7 @@ workers at all, so workers must not be a slowdown. :class:`MeasuredHandoff` meas
 both ways and keeps the faster:
 
 1. *with workers*: once the pipeline has filled, ``PROBE_BATCHES`` batches (or
-   ``MEASURE_ROUNDS`` tasks a worker, if more, spanning ``MEASURE_SECONDS`` at least) give the
+   ``MEASURE_ROUNDS`` tasks a worker, if more) give the
    mean cycle (the time from one batch handed out to the next, the consumer's own work
    in between included), the mean time the consumer spent inside the loader, and the
    mean time a worker spent making a batch. Means, not medians: throughput is the
@@ -29,7 +29,8 @@ both ways and keeps the faster:
    stopping early once the median of its counted cycles (``ABORT_AFTER`` at least) exceeds
    ``ABORT_RATIO`` times the workers' mean;
 3. when the consumer came out faster, or less than ``CONFIRM_MARGIN`` slower, the workers
-   are measured once more (``PROBE_BATCHES`` batches, after the pipeline refills) and keep
+   are measured once more (as long as a measure, and ``CONFIRM_SECONDS`` at least, after the
+   pipeline refills) and keep
    the batches only if they now beat the consumer by ``CONFIRM_MARGIN`` (a second measure
    that merely ties the probe is noise, and a tie goes to the consumer: workers are never to
    be a slowdown). The first measure may have been taken while the data was cold (a page
@@ -74,7 +75,7 @@ from collections.abc import Callable, Mapping
 
 PROBE_BATCHES = 32
 MEASURE_ROUNDS = 2  # a measure spans at least this many tasks a worker
-MEASURE_SECONDS = 0.02  # and at least this long: several of the OS scheduler's time slices
+CONFIRM_SECONDS = 0.02  # the workers' second measure spans this much at least (see _confirm)
 RECHECK_BATCHES = 2000
 RECHECK_SECONDS = 10.0
 ABORT_RATIO = 1.25
@@ -163,16 +164,11 @@ class MeasuredHandoff:
         return self._settle_tasks * self._per_task()
 
     def _measured_enough(self, cycles: _Cycles) -> bool:
-        """Enough cycles for a mean: ``PROBE_BATCHES``, at least ``MEASURE_ROUNDS`` tasks a
-        worker, and ``MEASURE_SECONDS``. Tasks of several batches come back in rounds (4
-        threads, 8 batches a task: 32 batches ready at once, then a wait for the next 32); a
-        measure of one round's length took whatever part of it it began on: once the 32 ready
-        ones, at a 19 us cycle. And where more threads run than there are cores, one waits
-        out another's time slice now and then (1-4 ms: a consumer and 2 processes on 2 cores):
-        32 batches of HDF5 rows span 2.4 ms, and one such wait among them read 2 processes at
-        170 us a batch, where they run at 73 us, and left the consumer making every batch."""
-        enough = max(PROBE_BATCHES, MEASURE_ROUNDS * self.workers * self._per_task())
-        return len(cycles) >= enough and cycles.seconds >= MEASURE_SECONDS
+        """Enough cycles for a mean: ``PROBE_BATCHES``, and at least ``MEASURE_ROUNDS`` tasks a
+        worker. Tasks of several batches come back in rounds (4 threads, 8 batches a task: 32
+        batches ready at once, then a wait for the next 32); a measure of one round's length
+        took whatever part of it it began on: once the 32 ready ones, at a 19 us cycle."""
+        return len(cycles) >= max(PROBE_BATCHES, MEASURE_ROUNDS * self.workers * self._per_task())
 
     @property
     def deciding(self) -> bool:
@@ -291,7 +287,12 @@ class MeasuredHandoff:
             self._settle -= 1
             return
         self._again.add(cycle, work)
-        if not self._measured_enough(self._again):
+        # The measure that can hand every batch to the consumer (for RECHECK_SECONDS) spans
+        # CONFIRM_SECONDS: where more threads run than there are cores, one waits out another's
+        # time slice now and then (1-4 ms: a consumer and 2 processes on 2 cores). 32 batches of
+        # HDF5 rows span 2.4 ms, and one such wait among them read 2 processes at 170 us a
+        # batch, where they run at 73 us: the consumer then made every batch at 0.69x their speed.
+        if not self._measured_enough(self._again) or self._again.seconds < CONFIRM_SECONDS:
             return
         again = self._again_cycle = self._workers_cycle(*self._again.columns())
         if again <= CONFIRM_MARGIN * self._here_cycle:
