@@ -24,6 +24,7 @@ from ..sources.base import (
     numpy_allocator,
     read_columns,
     read_many,
+    reads_into,
 )
 from .task import BatchResult, BatchTask, Disagreement, SampleFailure, Stage, StatusSlot, WorkContext
 
@@ -334,6 +335,16 @@ def collate_columns(
         out[key][real:] = col[0]  # padded rows repeat a real row; the mask hides them
     _label_rows(out, spec.ids[:real], spec)
     return out
+
+
+def output_is_copied(ctx: WorkContext) -> bool:
+    """Whether ``run_batch`` writes every batch of ``ctx`` into arrays its ``allocate`` gives, so
+    that where they lie costs no copy. Not where a source's ``read_batch`` is called without
+    one (it takes none, or ``collate="pad"``) and no transform runs: the batch keeps the
+    arrays the source made (``collate_columns``), and arrays allocated for it would add a copy."""
+    if ctx.transform is not None or not hasattr(ctx.source, "read_batch"):
+        return True  # samples one by one, stacked into the output
+    return reads_into(ctx.source) and ctx.collate == "stack"
 
 
 def run_batch(

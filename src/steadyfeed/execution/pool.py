@@ -14,12 +14,14 @@ import queue
 import warnings
 
 from ..errors import SharedMemoryFull
+from ..sources.base import numpy_allocator
 from ..stats import LoaderStats
 from ..units import human_bytes
 from . import shm
-from .batch import run_batch
+from .batch import output_is_copied, run_batch
 from .inbox import ResultInbox
 from .protocol import Done, Event, Lost
+from .recycle import RecycledBuffers
 from .sender import TaskSender
 from .task import BatchResult, BatchTask, StatusSlot, WorkContext
 from .workers import ProcessWorker, ThreadWorker, process_context
@@ -208,6 +210,8 @@ class ThreadPool(_MessagePool):
 
     def __init__(self, ctx: WorkContext, size: int, timeout: float | None):
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        # as many buffers wait for reuse as a process worker has slots (shm.py)
+        self._buffers = RecycledBuffers(keep=size * (TASKS_PER_WORKER + shm.LENT_SLOTS))
         super().__init__(ctx, size, timeout)
 
     def _collect(self, timeout: float) -> list[Event]:
@@ -221,8 +225,15 @@ class ThreadPool(_MessagePool):
         except queue.Empty:
             return self._events(messages)
 
+    def shutdown(self) -> None:
+        try:
+            super().shutdown()
+        finally:
+            self._buffers.close()
+
     def _new_worker(self, wid: int) -> ThreadWorker:
-        return ThreadWorker(wid, self.ctx, self._outbox)
+        allocate = self._buffers if output_is_copied(self.ctx) else numpy_allocator
+        return ThreadWorker(wid, self.ctx, self._outbox, allocate)
 
 
 class ProcessPool(_MessagePool):

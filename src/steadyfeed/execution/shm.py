@@ -303,14 +303,14 @@ class ConsumerSlots:
             return None
         if not self.lends:
             return _copied(name, layout)
-        end, cuts = _cuts(layout)
+        end, cuts = layout_cuts(layout)
         whole = np.frombuffer(self._mapping(name, generation), np.uint8, count=end)
         if name not in self._held:
-            return {key: view.copy() for key, view in _carve(whole, cuts).items()}
+            return {key: view.copy() for key, view in carve(whole, cuts).items()}
         self.lent += self._batches.pop(name, 1)
         lent = whole.view(_Lent)
         weakref.finalize(lent, self._returned.append, name).atexit = False
-        return {key: view.view(np.ndarray) for key, view in _carve(lent, cuts).items()}
+        return {key: view.view(np.ndarray) for key, view in carve(lent, cuts).items()}
 
     def _mapping(self, name: str, generation: int) -> mmap.mmap:
         kept = self._maps.get(name)
@@ -364,7 +364,7 @@ Cuts = tuple[tuple[str, np.dtype, tuple[int, ...], int, int], ...]  # (key, dtyp
 
 
 @functools.lru_cache(maxsize=64)
-def _cuts(layout: Layout) -> tuple[int, Cuts]:
+def layout_cuts(layout: Layout) -> tuple[int, Cuts]:
     """Where ``layout``'s arrays end, and their byte ranges with parsed dtypes: a worker's batches
     share a few layouts, so they are worked out once, not for every batch received."""
     cuts = tuple(
@@ -374,8 +374,9 @@ def _cuts(layout: Layout) -> tuple[int, Cuts]:
     return (cuts[-1][4] if cuts else 0), cuts
 
 
-def _carve(whole: np.ndarray, cuts: Cuts) -> dict[str, np.ndarray]:
-    """The arrays of a layout (its ``_cuts``) as views of ``whole`` (a slot's bytes)."""
+def carve(whole: np.ndarray, cuts: Cuts) -> dict[str, np.ndarray]:
+    """The arrays of a layout (its ``layout_cuts``) as views of ``whole``: a slot's bytes, or a
+    thread worker's buffer (``recycle.py``)."""
     return {key: whole[start:stop].view(dtype).reshape(shape) for key, dtype, shape, start, stop in cuts}
 
 

@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import RemoteError
-from ..sources.base import close_source
+from ..sources.base import Allocator, close_source, numpy_allocator
 from . import shm
 from .batch import run_batch
 from .task import BatchResult, BatchTask, Running, ShippedResult, StatusSlot, WorkContext, evolved
@@ -34,14 +34,14 @@ EXIT_SECONDS = 0.5  # how long a worker whose pipe closed gets to show its exit 
 
 
 class ThreadWorker:
-    def __init__(self, wid: int, ctx: WorkContext, outbox: queue.SimpleQueue):
+    def __init__(self, wid: int, ctx: WorkContext, outbox: queue.SimpleQueue, allocate: Allocator = numpy_allocator):
         self.wid = wid
         self.outstanding: OrderedDict[int, BatchTask] = OrderedDict()
         self.status = StatusSlot([-1, -1, 0.0])
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._stop = threading.Event()
         self.thread = threading.Thread(
-            target=self._main, args=(ctx, outbox), name=f"steadyfeed-thread-{wid}", daemon=True
+            target=self._main, args=(ctx, outbox, allocate), name=f"steadyfeed-thread-{wid}", daemon=True
         )
         try:
             self.thread.start()
@@ -49,14 +49,14 @@ class ThreadWorker:
             self.abandon()
             raise
 
-    def _main(self, ctx: WorkContext, outbox: queue.SimpleQueue) -> None:
+    def _main(self, ctx: WorkContext, outbox: queue.SimpleQueue, allocate: Allocator) -> None:
         lower_priority(ctx.niceness)
         while True:
             task = self._inbox.get()
             if task is None or self._stop.is_set():
                 return
             try:
-                result = run_batch(task, ctx, self.status, should_stop=self._stop.is_set)
+                result = run_batch(task, ctx, self.status, allocate, should_stop=self._stop.is_set)
             except BaseException:  # noqa: BLE001 - reported to the consumer as a dead worker
                 outbox.put(("died", self.wid, traceback.format_exc()))
                 return
