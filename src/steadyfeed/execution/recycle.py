@@ -4,8 +4,8 @@ A thread worker that makes each batch in fresh memory makes it in its own glibc 
 consumer frees it, the arena hands its top pages back to the kernel (a trim), and the next
 batch there faults every page in again. On a 2-core VM reading HDF5 rows, 4 threads took
 35 page faults and 132 us of system time a batch, one thread 1.3 and 37 us (measured,
-``docs/benchmarks.md``): the faults, not the reads, kept more threads slower than one.
-Reused memory is faulted in once.
+``docs/benchmarks.md``), and 4 threads made batches at 0.56x one thread's pace (0.87x in
+reused memory). Reused memory is faulted in once.
 
 A buffer is reused only once the last array made in it (and every view of them) is gone,
 which a finalizer reports, as for the shared-memory slots lent by process workers
