@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from steadyfeed import Loader
 from steadyfeed.execution import recycle, shm
 from steadyfeed.execution.batch import output_is_copied
-from steadyfeed.execution.pool import TASKS_PER_WORKER
+from steadyfeed.execution.pool import SLOTS_PER_WORKER
 from steadyfeed.execution.task import WorkContext
 
 pytestmark = pytest.mark.timeout(120)
@@ -135,7 +135,7 @@ def test_thread_batches_are_made_in_reused_buffers_and_equal_workers_0s():
                 buffers[id(buffer)] = buffer
     assert got == expected
     # 60 tasks of one batch, made in the buffers of two workers' tasks in flight and batches ready
-    assert len(buffers) <= 2 * (TASKS_PER_WORKER + shm.LENT_SLOTS)
+    assert len(buffers) <= 2 * SLOTS_PER_WORKER
 
 
 @settings(max_examples=15, deadline=None)

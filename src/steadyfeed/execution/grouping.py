@@ -41,7 +41,7 @@ from ..config import AUTO, PREFETCH_PER_WORKER, ExecutionOptions, workers_count
 from ..sampling.plan import BatchSpec
 from . import shm
 from .auto import memory_budget
-from .pool import TASKS_PER_WORKER
+from .pool import SLOTS_PER_WORKER
 
 # "auto" groups batches until a task takes about this long to make: JPEG batches of 32 (3-6 ms
 # in a worker on 2 busy cores) ran fastest at 8 a task (2 processes: 22.6-23.1k images/s against
@@ -161,7 +161,7 @@ def make_grouping(execution: ExecutionOptions, collate: str) -> Grouping:
     room = memory_budget(execution.max_inflight_bytes)
     copies = execution.effective_prefetch  # the window, in batches per batch a task holds
     if execution.mode == "process":  # and each worker's slots, in shared memory
-        copies += workers * (TASKS_PER_WORKER + shm.LENT_SLOTS)
+        copies += workers * SLOTS_PER_WORKER
         free = shm.free_bytes()
         if free is not None:  # at most half of it: the slots of other loaders, other programs
             room = free // 2 if room is None else min(room, free // 2)

@@ -27,6 +27,8 @@ from .task import BatchResult, BatchTask, StatusSlot, WorkContext
 from .workers import ProcessWorker, ThreadWorker, process_context
 
 TASKS_PER_WORKER = 2  # one running, one queued behind it, so no worker idles between tasks
+# a process worker's shared-memory slots: its tasks in flight, and the batches it may have lent
+SLOTS_PER_WORKER = TASKS_PER_WORKER + shm.LENT_SLOTS
 
 
 class InlinePool:
@@ -210,8 +212,8 @@ class ThreadPool(_MessagePool):
 
     def __init__(self, ctx: WorkContext, size: int, timeout: float | None):
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        # as many buffers wait for reuse as a process worker has slots (shm.py)
-        self._buffers = RecycledBuffers(keep=size * (TASKS_PER_WORKER + shm.LENT_SLOTS))
+        # as many buffers wait for reuse as a process worker has slots
+        self._buffers = RecycledBuffers(keep=size * SLOTS_PER_WORKER)
         super().__init__(ctx, size, timeout)
 
     def _collect(self, timeout: float) -> list[Event]:
@@ -269,9 +271,7 @@ class ProcessPool(_MessagePool):
 
     def _new_worker(self, wid: int) -> ProcessWorker:
         try:
-            worker = ProcessWorker(
-                wid, self.ctx, self._mp, self._token, TASKS_PER_WORKER + shm.LENT_SLOTS, self._sender, self._slots
-            )
+            worker = ProcessWorker(wid, self.ctx, self._mp, self._token, SLOTS_PER_WORKER, self._sender, self._slots)
         except shm.NoRoom as exc:
             raise SharedMemoryFull(
                 f"{exc.shortage.text(f'the status slot of process worker {wid}')}: every process worker needs "

@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import RemoteError
-from ..sources.base import Allocator, close_source, numpy_allocator
+from ..sources.base import Allocator, close_source
 from . import shm
 from .batch import run_batch
 from .task import BatchResult, BatchTask, Running, ShippedResult, StatusSlot, WorkContext, evolved
@@ -34,7 +34,7 @@ EXIT_SECONDS = 0.5  # how long a worker whose pipe closed gets to show its exit 
 
 
 class ThreadWorker:
-    def __init__(self, wid: int, ctx: WorkContext, outbox: queue.SimpleQueue, allocate: Allocator = numpy_allocator):
+    def __init__(self, wid: int, ctx: WorkContext, outbox: queue.SimpleQueue, allocate: Allocator):
         self.wid = wid
         self.outstanding: OrderedDict[int, BatchTask] = OrderedDict()
         self.status = StatusSlot([-1, -1, 0.0])
