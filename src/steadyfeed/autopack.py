@@ -26,8 +26,8 @@ middle of an epoch, and could not say in ``stats()`` what an epoch read). What i
 * every epoch that starts once the pack is published reads the shards (the workers are
   restarted once, on a ``TFRecordSource`` of the pack), and so do later runs from the first
   epoch on; an epoch never switches in its middle. When the shards fit in half the available
-  memory they are handed to the kernel's readahead as they are opened (``prefetch``), so a
-  shuffled epoch reads them sequentially once instead of one random read per sample;
+  memory they are handed to the kernel's readahead and read as they are opened (``prefetch``),
+  so a shuffled epoch reads them sequentially once instead of one random read per sample;
 * batches are bit-identical either way: a record round-trips its sample bit-exactly
   (``packing.py``), or its encoded form decoded as the source decodes it, and the transform,
   order and ids are the loader's own;
@@ -175,9 +175,9 @@ class AutoPack:
     def open(self, source: Any):
         """What the workers read once the pack is ready: a TFRecordSource of it, or for a source
         packed in its encoded form ``source.from_encoded(records)``. The files it reads are handed
-        to the kernel's readahead when they fit in half the free memory (``prefetch``), by a
-        thread of their own: the advice takes tens of microseconds a window (a 34 MB pack, 10
-        ms; a 10 GB one, seconds), which the first batch need not wait for."""
+        to the kernel's readahead and read when they fit in half the free memory (``prefetch``),
+        by a thread of their own: that lasts as long as the disk takes to read them (a 10 GB
+        pack, a minute on a slow disk), which the first batch need not wait for."""
         from .sources.tfrecord import TFRecordSource
 
         records = TFRecordSource(self.directory / PACK_NAME)
@@ -283,30 +283,48 @@ class AutoPack:
 
 
 def prefetch(paths: list[str] | list[Path], stop: threading.Event | None = None) -> bool:
-    """Ask the kernel to read ``paths`` into the page cache (``POSIX_FADV_WILLNEED``: large
-    sequential reads, in the background), when they fit in half the memory available. This
-    is what a pack has over small files: a shuffled epoch then reads memory, where a cold one
-    pays a random disk read per sample. Whether it was asked (Linux only); ``stop``, once
-    set, ends the asking at the next window."""
+    """Read ``paths`` into the page cache when they fit in half the memory available. This is
+    what a pack has over small files: a shuffled epoch then reads memory, where a cold one pays
+    a random disk read per sample. Whether it was done (Linux only); ``stop``, once set, ends it
+    at the next window.
+
+    Two passes a file: ``POSIX_FADV_WILLNEED`` for each window queues every read with the
+    device at once, then one read of each window into a reused buffer waits for them and brings
+    in what the advice did not: advice is free to drop a window (a CI machine kept 3% of a
+    40 MB file on the disk for a minute), a read is not."""
     advise = getattr(os, "posix_fadvise", None)
     total = sum(os.path.getsize(p) for p in paths)
     if advise is None or not total or total > available_memory() // 2:
         return False
+    window = bytearray(PREFETCH_CHUNK)
     for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            # one window at a time: Linux reads at most the device's readahead window per call
-            # (read_ahead_kb: 8 MB on this VM's disk, 128 KB by default), so one call for a
-            # whole 34 MB shard left three quarters of it on the disk
-            for offset in range(0, os.fstat(fd).st_size, PREFETCH_CHUNK):
-                if stop is not None and stop.is_set():
-                    return True
-                advise(fd, offset, PREFETCH_CHUNK, os.POSIX_FADV_WILLNEED)
-        except OSError:  # advice only: a file system may decline it
-            pass
-        finally:
-            os.close(fd)
+        with open(path, "rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            if not (_advise_windows(f.fileno(), size, advise, stop) and _read_windows(f, window, stop)):
+                break  # stopped
     return True
+
+
+def _advise_windows(fd: int, size: int, advise: Any, stop: threading.Event | None) -> bool:
+    """``WILLNEED`` one window at a time (False once ``stop`` is set): Linux reads at most the
+    device's readahead window per call (read_ahead_kb: 8 MB on one VM's disk, 128 KB by
+    default), so one call for a whole 34 MB shard left three quarters of it on the disk."""
+    try:
+        for offset in range(0, size, PREFETCH_CHUNK):
+            if stop is not None and stop.is_set():
+                return False
+            advise(fd, offset, PREFETCH_CHUNK, os.POSIX_FADV_WILLNEED)
+    except OSError:  # advice only: a file system may decline it, and the reads still come
+        pass
+    return True
+
+
+def _read_windows(f: Any, window: bytearray, stop: threading.Event | None) -> bool:
+    """Read ``f`` to its end a window at a time into ``window`` (False once ``stop`` is set)."""
+    while not (stop is not None and stop.is_set()):
+        if not f.readinto(window):
+            return True
+    return False
 
 
 def _size_and_name(path: str | os.PathLike[str]) -> tuple[int, str]:
