@@ -10,7 +10,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -22,7 +22,7 @@ from .errors import SampleError, SampleTimeout, TooManyErrors, WorkerDied, with_
 from .execution import auto
 from .execution.auto import AutoChoice
 from .execution.batch import collate_error
-from .execution.grouping import Grouping, make_grouping, per_task_rule
+from .execution.grouping import LEARN_BATCHES, Grouping, make_grouping, per_task_rule
 from .execution.handoff import FixedHandoff, MeasuredHandoff, make_handoff, work_seconds
 from .execution.pool import InlinePool, make_pool
 from .execution.scheduler import ByteBudget, EpochRun, Outcome
@@ -357,12 +357,48 @@ class Loader:
         probe = auto.measure(lambda k: _nbytes(self.peek(k, epoch)), len(plan))
         budget = auto.memory_budget(self.config.execution.max_inflight_bytes)
         per_task = per_task_rule(self.config.execution, self.config.read.collate)
-        choice = auto.choose(probe, auto.usable_cores(), budget, self._why_no_processes, per_task)
+        choice = auto.choose(
+            probe, auto.usable_cores(), budget, self._why_no_processes, per_task, self._trial_of(epoch, len(plan))
+        )
         if self._auto is None or (choice.workers, choice.mode) != (self._auto.workers, self._auto.mode):
             self._shutdown_pool()  # started again, as chosen, by _ensure_pool
         self._auto, self._auto_cost = choice, None
         self._auto_since = (self._stats.batches, self._work_seconds())
         self._running_config = self._resolved_config()
+
+    def _trial_of(self, epoch: int, batches: int) -> Callable[[Mode, int], float | None] | None:
+        """What times a pool on ``epoch`` for ``auto.choose``: threads on the first half of its
+        batches, processes on the second (data not yet in the page cache is then as cold for
+        either: neither reads what the other brought in). None where a half is too short to
+        time a pool on (grouping learns a task's size first, ``auto.pace`` settles, then times)."""
+        half = batches // 2
+        if half <= LEARN_BATCHES + auto.TRIAL_SETTLE_BATCHES + auto.TRIAL_MIN_BATCHES:
+            return None
+        first = {"thread": 0, "process": half}
+        return lambda mode, workers: self._trial(epoch, first[mode], half, mode, workers)
+
+    def _trial(self, epoch: int, start: int, batches: int, mode: Mode, workers: int) -> float | None:
+        """Batches a second that a pool of ``workers`` ``mode`` workers makes of at most
+        ``batches`` of ``epoch``'s batches from ``start`` on, handed out as iteration hands them
+        (``auto.pace``); made and dropped, as the probe's are, by a pool of its own that is shut
+        down after (None: not measured)."""
+        execution = dataclasses.replace(self.config.execution.resolved(self._unset_workers), workers=workers, mode=mode)
+        stats, grouping, pool, outcomes = LoaderStats(), make_grouping(execution, self.config.read.collate), None, None
+        try:
+            pool = self._new_pool(execution, stats, stop_on_failure=True)
+            prefetch = execution.effective_prefetch
+            run = self._epoch_run(
+                pool, FixedHandoff(to_workers=True), self._plan(epoch), epoch, start, prefetch, stats, grouping
+            )
+            outcomes = iter(run)
+            return auto.pace(itertools.islice(outcomes, batches), lambda: not grouping.learning)
+        except Exception:  # noqa: BLE001 - the epoch meets it again, under the loader's on_error
+            return None
+        finally:
+            if outcomes is not None:
+                outcomes.close()
+            if pool is not None:
+                pool.shutdown()
 
     def _cost_changed(self) -> bool:
         """Whether the batches made since the last check cost ``RECHECK_RATIO`` times more or
@@ -393,19 +429,22 @@ class Loader:
 
     def _ensure_pool(self):
         if self._pool is None:
-            execution, failure = self._running_config.execution, self.config.failure
-            ctx = self._work_context(stop_on_failure=failure.on_error == "raise")
-            self._pool = make_pool(
-                execution.mode,
-                execution.workers,
-                ctx,
-                failure.timeout,
-                transport=execution.transport,
-                stats=self._stats,
-            )
+            execution = self._running_config.execution
+            self._pool = self._new_pool(execution, self._stats, self.config.failure.on_error == "raise")
             self._grouping = make_grouping(execution, self.config.read.collate)
             self._handoff = self._new_handoff()  # after the grouping: it reads the batches a task holds
         return self._pool
+
+    def _new_pool(self, execution: ExecutionOptions, stats: LoaderStats, stop_on_failure: bool):
+        ctx = self._work_context(stop_on_failure)
+        return make_pool(
+            execution.mode,
+            workers_count(execution.workers),
+            ctx,
+            self.config.failure.timeout,
+            transport=execution.transport,
+            stats=stats,
+        )
 
     def _new_handoff(self) -> FixedHandoff | MeasuredHandoff:
         if self._running_config.execution.workers == AUTO:  # not measured yet: no workers to hand to

@@ -20,11 +20,23 @@ few more in two threads at once, and picks:
   start: a script without an ``if __name__ == "__main__":`` guard, or a transform defined
   in a notebook, see :func:`main_module_problem`).
 
-The probe's batches are made and dropped: they cost a few batches of time, once. Which
-workers make a batch never changes what it holds, so the choice shows only in speed and
+  Where that rule picks processes for tasks that cost less than ``TRIAL_TASK_SECONDS``,
+  both pools are **timed side by side** (``trial``): threads make the epoch's first half,
+  processes its second (on data not yet in the page cache, neither reads what the other
+  brought in), handed out as iteration hands them, for up to ``TRIAL_SECONDS`` once its
+  tasks have their size (:func:`pace`), and the faster is kept. There, what shipping a task from a process
+  costs is of the order of what threads lose to the GIL, and the probe sees only the second:
+  page-cached HDF5 rows in order (tasks of 8 batches, 2.3 ms) probed 0.64x on two threads,
+  yet 2 threads made them 1.4-1.7x as fast as 2 processes, where a worker's read overlaps
+  the consumer's own work. Costlier tasks (JPEG: 8 batches, ~50 ms) are not timed.
+
+The probe's and the trial's batches are made and dropped: they cost a few batches of time
+once (a trial: two stretches of up to ``TRIAL_SECONDS`` and one more start of process
+workers; an epoch too short to time a pool on keeps the rule's pick). Which workers make a batch never changes what it holds, so the choice shows only in speed and
 in ``Loader.stats()["auto"]`` (the choice, the measurements, and why). A probe that
-fails (a sample raises) stops there and picks threads; the epoch then meets the failure
-as it would have anyway, under the loader's ``on_error``.
+fails (a sample raises) stops there and picks threads, a trial that meets one times
+nothing and leaves the rule's pick; the epoch then meets the failure as it would have
+anyway, under the loader's ``on_error``.
 """
 
 from __future__ import annotations
@@ -38,7 +50,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
 from ..config import PREFETCH_PER_WORKER, Mode
@@ -63,6 +75,14 @@ TIMED_BATCHES = 3  # made one after the other, after one that is not timed (file
 # time mostly the second thread's start (measured: 1.1-1.2x for JPEG batches that 2 threads make 1.5x as fast)
 THREAD_BATCHES = 4
 MAIN_SCRIPT_BYTES = 1 << 20  # of the main script read for its guard
+# processes picked for tasks cheaper than this: time both pools (see the module docstring); JPEG
+# tasks (~50 ms) were never close, npy pairs' (6 ms) and HDF5 rows' (2-4 ms) were
+TRIAL_TASK_SECONDS = 0.02
+TRIAL_SECONDS = 0.25  # each pool is timed this long at most (or to the epoch's end)
+# batches let by once a pool's tasks have their size, before the timing starts: tasks of one
+# batch sent while grouping learnt are still coming back (a window of 2 workers is 64 batches)
+TRIAL_SETTLE_BATCHES = 32
+TRIAL_MIN_BATCHES = 32  # fewer timed than this (a short epoch): no trial, the rule's pick stays
 
 
 @dataclass(frozen=True)
@@ -76,6 +96,7 @@ class AutoChoice:
     batch_seconds: float | None  # one batch made in the consumer (median of the timed ones)
     thread_speedup: float | None  # two batches in two threads, against one after the other
     batch_bytes: int | None
+    trial: dict[str, float] | None = None  # batches a second each pool made, where they were timed
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -170,6 +191,28 @@ def _in_two_threads(make: Callable[[int], int], first: int) -> float | None:
     return None if failed else time.perf_counter() - t0
 
 
+def pace(
+    outcomes: Iterable, steady: Callable[[], bool], clock: Callable[[], float] = time.perf_counter
+) -> float | None:
+    """Batches a second of ``outcomes`` (a pool's epoch run, in the order handed out), timed
+    from ``TRIAL_SETTLE_BATCHES`` after ``steady()`` first holds (the pool's tasks have their
+    size) until ``TRIAL_MIN_BATCHES`` and ``TRIAL_SECONDS`` have both passed, or to the end;
+    None where a batch failed or fewer than ``TRIAL_MIN_BATCHES`` came. The caller stops the run."""
+    settled, start, timed, now = 0, 0.0, 0, 0.0
+    for outcome in outcomes:
+        if outcome.failures or outcome.disagreement is not None or outcome.arrays is None:
+            return None  # the epoch meets it again, under the loader's on_error
+        now = clock()
+        if settled <= TRIAL_SETTLE_BATCHES:
+            settled += steady()
+            start = now
+            continue
+        timed += 1
+        if timed >= TRIAL_MIN_BATCHES and now - start >= TRIAL_SECONDS:
+            break
+    return timed / (now - start) if timed >= TRIAL_MIN_BATCHES and now > start else None
+
+
 def can_use_processes(ctx, unsupported: Callable[[Mode], str | None]) -> str | None:
     """Why process workers cannot read this source (None: they can): the source (or a layer
     of it) refuses them, the work context does not pickle (spawned workers receive it), or
@@ -233,22 +276,57 @@ def choose(
     budget: int | None,
     no_processes: Callable[[], str | None],
     per_task: Callable[[float], int] = lambda seconds: 1,
+    trial: Callable[[Mode, int], float | None] | None = None,
 ) -> AutoChoice:
     """The choice for these measurements (see the module docstring for the rules);
     ``no_processes()`` says why processes cannot be used, asked only when they would be;
-    ``per_task(seconds)``: how many batches of that cost one task would hold (``grouping.py``)."""
+    ``per_task(seconds)``: how many batches of that cost one task would hold (``grouping.py``);
+    ``trial(mode, workers)``: batches a second such a pool makes (None: not measured), asked
+    only where processes were picked for tasks under ``TRIAL_TASK_SECONDS``."""
     speedup = probe.thread_speedup
     mode, reason = _mode(probe, cores, speedup, no_processes, per_task)
-    workers = cores
-    if budget is not None and probe.batch_bytes:
-        fit = max(1, budget // (PREFETCH_PER_WORKER * probe.batch_bytes))
-        if fit < workers:
-            workers = int(fit)
-            reason += (
-                f"; {workers} worker(s): {PREFETCH_PER_WORKER} queued batches of {probe.batch_bytes:,} bytes "
-                f"each fit {budget:,}"
-            )
-    return AutoChoice(workers, mode, reason, cores, probe.batch_seconds, speedup, probe.batch_bytes)
+    workers, bound = _bounded_workers(probe, cores, budget)
+    rates = None
+    if mode == "process" and trial is not None and _task_seconds(probe, per_task) < TRIAL_TASK_SECONDS:
+        rates = _timed(trial, workers)
+        if rates is not None:
+            mode, reason = _faster(rates, workers, reason)
+    return AutoChoice(workers, mode, reason + bound, cores, probe.batch_seconds, speedup, probe.batch_bytes, rates)
+
+
+def _bounded_workers(probe: Probe, cores: int, budget: int | None) -> tuple[int, str]:
+    """A worker per core, fewer where their queued batches would not fit ``budget`` (and why)."""
+    if budget is None or not probe.batch_bytes:
+        return cores, ""
+    fit = max(1, budget // (PREFETCH_PER_WORKER * probe.batch_bytes))
+    if fit >= cores:
+        return cores, ""
+    return int(fit), (
+        f"; {fit} worker(s): {PREFETCH_PER_WORKER} queued batches of {probe.batch_bytes:,} bytes each fit {budget:,}"
+    )
+
+
+def _task_seconds(probe: Probe, per_task: Callable[[float], int]) -> float:
+    assert probe.batch_seconds is not None  # processes are picked on a measured batch
+    return per_task(probe.batch_seconds) * probe.batch_seconds
+
+
+def _timed(trial: Callable[[Mode, int], float | None], workers: int) -> dict[str, float] | None:
+    """Each pool's batches a second (threads first: they start in no time), or None where either
+    could not be timed."""
+    threads = trial("thread", workers)
+    processes = trial("process", workers) if threads else None
+    return {"thread": threads, "process": processes} if threads and processes else None
+
+
+def _faster(rates: dict[str, float], workers: int, reason: str) -> tuple[Mode, str]:
+    timed = (
+        f"timed side by side on the epoch's batches, {workers} thread(s) made {rates['thread']:,.0f} "
+        f"batches/s and {workers} process(es) {rates['process']:,.0f}"
+    )
+    if rates["process"] > rates["thread"]:
+        return "process", f"{reason}; {timed}"
+    return "thread", f"{reason}, but {timed}: shipping these cheap tasks from a process costs more than the GIL"
 
 
 def _mode(
