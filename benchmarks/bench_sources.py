@@ -454,7 +454,8 @@ def steadyfeed_epochs(
         ran = loader.stats()  # what it ran with, on stderr: workers="auto" and batches_per_task="auto" pick
         print(
             f"{ds.key} steadyfeed workers={workers} mode={mode}{' fast' if fast else ''}: ran {ran['workers']} "
-            f"{ran['mode']}, {ran['batches_per_task']} batch(es) a task, handoff {ran['handoff']}",
+            f"{ran['mode']}, {ran['batches_per_task']} batch(es) a task, handoff {ran['handoff']}"
+            + (f"; auto: {ran['auto']['reason']}" if ran.get("auto") else ""),
             file=sys.stderr,
         )
 

@@ -124,7 +124,7 @@ def test_processes_picked_for_cheap_tasks_are_timed_against_threads_and_the_fast
     trial, _ = scripted_trial({"thread": 3000.0, "process": 7000.0})
     processes = auto.choose(HDF5_ROWS, 2, None, ALWAYS, grouping.batches_for, trial)
     assert processes.mode == "process" and processes.trial == {"thread": 3000.0, "process": 7000.0}
-    assert "; timed side by side" in processes.reason
+    assert "; timed on halves of the epoch" in processes.reason
 
 
 def test_the_trial_times_the_workers_the_memory_budget_allows():
@@ -334,7 +334,9 @@ def test_a_loader_times_both_pools_for_cheap_tasks_and_delivers_the_batches_of_w
     rates = picked["trial"]
     assert set(rates) == {"thread", "process"} and min(rates.values()) > 0
     assert picked["mode"] == ("process" if rates["process"] > rates["thread"] else "thread") == stats["mode"]
-    assert "timed side by side" in picked["reason"] and stats["batches"] == 400  # the trial's batches are not counted
+    assert (
+        "timed on halves of the epoch" in picked["reason"] and stats["batches"] == 400
+    )  # the trial's batches are not counted
 
 
 def test_a_failing_sample_ends_the_trial_and_is_met_once_by_the_epoch(monkeypatch, tmp_path, no_leaks):

@@ -27,3 +27,32 @@ def test_process_tasks_go_round_idle_workers_rather_than_all_to_the_first(no_lea
     makers = [int(b["pid"][0]) for b in batches]
     assert all(len(set(b["pid"].tolist())) == 1 for b in batches)  # a batch is one worker's
     assert len(set(makers)) == 3 and makers == makers[:3] * 4  # the same three in turn
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_pool_knows_once_every_worker_has_returned_a_result(mode, no_leaks):
+    """What ``workers="auto"``'s trial waits for before it times a pool (a spawned worker may
+    take seconds to start while the other makes every batch)."""
+    from steadyfeed.execution.pool import InlinePool, make_pool
+    from steadyfeed.execution.protocol import Done
+    from steadyfeed.execution.task import BatchTask, WorkContext
+    from steadyfeed.sampling.plan import BatchSpec
+
+    ctx = WorkContext(paired_source(8), None, 0, 0, True, 0, "stack")
+    assert InlinePool(ctx).all_delivered
+    pool = make_pool(mode, 2, ctx, None)
+    try:
+        assert not pool.all_delivered
+        for task_id in range(2):  # both idle at each submit: the second goes to the other worker
+            pool.submit(
+                BatchTask(task_id, 0, BatchSpec(task_id, np.arange(4 * task_id, 4 * task_id + 4), None, None, 4))
+            )
+            assert not pool.all_delivered
+            events = []
+            while not events:
+                events = pool.wait(1.0)
+            assert [type(e) for e in events] == [Done]
+            del events  # a process worker's batch lends its slot
+        assert pool.all_delivered
+    finally:
+        pool.shutdown()

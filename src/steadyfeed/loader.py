@@ -391,7 +391,7 @@ class Loader:
                 pool, FixedHandoff(to_workers=True), self._plan(epoch), epoch, start, prefetch, stats, grouping
             )
             outcomes = iter(run)
-            return auto.pace(itertools.islice(outcomes, batches), lambda: not grouping.learning)
+            return auto.pace(itertools.islice(outcomes, batches), lambda: not grouping.learning and pool.all_delivered)
         except Exception:  # noqa: BLE001 - the epoch meets it again, under the loader's on_error
             return None
         finally:

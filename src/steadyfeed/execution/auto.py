@@ -21,22 +21,24 @@ few more in two threads at once, and picks:
   in a notebook, see :func:`main_module_problem`).
 
   Where that rule picks processes for tasks that cost less than ``TRIAL_TASK_SECONDS``,
-  both pools are **timed side by side** (``trial``): threads make the epoch's first half,
-  processes its second (on data not yet in the page cache, neither reads what the other
-  brought in), handed out as iteration hands them, for up to ``TRIAL_SECONDS`` once its
-  tasks have their size (:func:`pace`), and the faster is kept. There, what shipping a task from a process
-  costs is of the order of what threads lose to the GIL, and the probe sees only the second:
-  page-cached HDF5 rows in order (tasks of 8 batches, 2.3 ms) probed 0.64x on two threads,
-  yet 2 threads made them 1.4-1.7x as fast as 2 processes, where a worker's read overlaps
-  the consumer's own work. Costlier tasks (JPEG: 8 batches, ~50 ms) are not timed.
+  both pools are **timed** (``trial``) and the faster is kept: threads make the first half
+  of the epoch's batches, processes the second (on data not yet in the page cache, neither
+  reads what the other brought in), handed out as iteration hands them, each for up to
+  ``TRIAL_SECONDS`` once its tasks have their size and every worker has started
+  (:func:`pace`). For such tasks, what shipping one from a process costs is of the order
+  of what threads lose to the GIL, and the probe sees only the second: page-cached HDF5
+  rows in order (tasks of 8 batches, 2.3 ms) probed 0.64x on two threads, yet 2 threads
+  made them 1.4-1.7x as fast as 2 processes, a worker's read overlapping the consumer's
+  own work. Costlier tasks (JPEG: 8 batches, ~50 ms) are not timed.
 
-The probe's and the trial's batches are made and dropped: they cost a few batches of time
+The probe's and the trial's batches are made and dropped: they cost a few batches of time,
 once (a trial: two stretches of up to ``TRIAL_SECONDS`` and one more start of process
-workers; an epoch too short to time a pool on keeps the rule's pick). Which workers make a batch never changes what it holds, so the choice shows only in speed and
-in ``Loader.stats()["auto"]`` (the choice, the measurements, and why). A probe that
-fails (a sample raises) stops there and picks threads, a trial that meets one times
-nothing and leaves the rule's pick; the epoch then meets the failure as it would have
-anyway, under the loader's ``on_error``.
+workers; an epoch too short to time two pools on keeps the rule's pick). Which workers make
+a batch never changes what it holds, so the choice shows only in speed and in
+``Loader.stats()["auto"]`` (the choice, the measurements, and why). A probe that fails (a
+sample raises) stops there and picks threads, a trial that meets one times nothing and
+leaves the rule's pick; the epoch then meets the failure as it would have anyway, under the
+loader's ``on_error``.
 """
 
 from __future__ import annotations
@@ -75,10 +77,11 @@ TIMED_BATCHES = 3  # made one after the other, after one that is not timed (file
 # time mostly the second thread's start (measured: 1.1-1.2x for JPEG batches that 2 threads make 1.5x as fast)
 THREAD_BATCHES = 4
 MAIN_SCRIPT_BYTES = 1 << 20  # of the main script read for its guard
-# processes picked for tasks cheaper than this: time both pools (see the module docstring); JPEG
-# tasks (~50 ms) were never close, npy pairs' (6 ms) and HDF5 rows' (2-4 ms) were
+# processes picked for tasks cheaper than this: time both pools (see the module docstring).
+# Shipping a task costs ~0.2-0.5 ms: under 1% of a JPEG task (~50 ms), 5-20% of one of HDF5
+# rows (2-4 ms) or npy pairs (6 ms), about what threads lose to the GIL or win by overlap
 TRIAL_TASK_SECONDS = 0.02
-TRIAL_SECONDS = 0.25  # each pool is timed this long at most (or to the epoch's end)
+TRIAL_SECONDS = 0.25  # each pool is timed this long at most (or to the end of its half of the epoch)
 # batches let by once a pool's tasks have their size, before the timing starts: tasks of one
 # batch sent while grouping learnt are still coming back (a window of 2 workers is 64 batches)
 TRIAL_SETTLE_BATCHES = 32
@@ -196,7 +199,8 @@ def pace(
 ) -> float | None:
     """Batches a second of ``outcomes`` (a pool's epoch run, in the order handed out), timed
     from ``TRIAL_SETTLE_BATCHES`` after ``steady()`` first holds (the pool's tasks have their
-    size) until ``TRIAL_MIN_BATCHES`` and ``TRIAL_SECONDS`` have both passed, or to the end;
+    size and every worker has started: a spawned worker that imports a framework with the
+    main script takes seconds, while the other makes every batch) until ``TRIAL_MIN_BATCHES`` and ``TRIAL_SECONDS`` have both passed, or to the end;
     None where a batch failed or fewer than ``TRIAL_MIN_BATCHES`` came. The caller stops the run."""
     settled, start, timed, now = 0, 0.0, 0, 0.0
     for outcome in outcomes:
@@ -321,8 +325,8 @@ def _timed(trial: Callable[[Mode, int], float | None], workers: int) -> dict[str
 
 def _faster(rates: dict[str, float], workers: int, reason: str) -> tuple[Mode, str]:
     timed = (
-        f"timed side by side on the epoch's batches, {workers} thread(s) made {rates['thread']:,.0f} "
-        f"batches/s and {workers} process(es) {rates['process']:,.0f}"
+        f"timed on halves of the epoch, {workers} thread(s) made {rates['thread']:,.0f} batches/s "
+        f"and {workers} process(es) {rates['process']:,.0f}"
     )
     if rates["process"] > rates["thread"]:
         return "process", f"{reason}; {timed}"

@@ -41,6 +41,10 @@ class InlinePool:
     def free_slots(self) -> int:
         return 0
 
+    @property
+    def all_delivered(self) -> bool:
+        return True
+
     def idle_workers(self) -> int:
         return 0
 
@@ -72,6 +76,7 @@ class WorkerPool(InlinePool):
         self.workers: dict = {}
         self._next_wid = 0
         self._last_task: dict[int, int] = {}  # wid -> the id of the last task it was given
+        self._delivered: set[int] = set()  # wids that have returned a result
         try:
             for _ in range(size):
                 self._spawn()
@@ -114,6 +119,12 @@ class WorkerPool(InlinePool):
     # -- the protocol --------------------------------------------------------------------
     def free_slots(self) -> int:
         return sum(TASKS_PER_WORKER - len(w.outstanding) for w in self.workers.values())
+
+    @property
+    def all_delivered(self) -> bool:
+        """Whether every worker now in the pool has returned a result (so has started: a spawned
+        worker may take seconds, where the main script imports a framework)."""
+        return self._delivered.issuperset(self.workers)
 
     def idle_workers(self) -> int:
         return sum(not w.outstanding for w in self.workers.values())
@@ -162,6 +173,7 @@ class WorkerPool(InlinePool):
         if worker is None:
             return []
         worker.outstanding.pop(result.task_id, None)
+        self._delivered.add(wid)
         return [Done(result)]
 
     def _lose(self, wid: int, cause: str, detail: str) -> Lost:

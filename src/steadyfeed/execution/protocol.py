@@ -44,6 +44,10 @@ class Pool(Protocol):
     def idle_workers(self) -> int:
         """How many workers hold no task at all."""
 
+    @property
+    def all_delivered(self) -> bool:
+        """Whether every worker has returned a result (has started); True without workers."""
+
     def submit(self, task: BatchTask) -> None:
         """Hand ``task`` to a worker; its outcome arrives later as an event."""
 
