@@ -6,6 +6,7 @@ loader tests script the measurement (``auto.measure``) to force each choice.
 """
 
 import itertools
+import math
 import subprocess
 import sys
 import threading
@@ -164,14 +165,17 @@ def batch_outcome(failed=False):
     return types.SimpleNamespace(failures=["a failure"] if failed else [], disagreement=None, arrays={"x": 1})
 
 
+TICK = 2**-10  # a binary fraction: the scripted times add up exactly, whatever TRIAL_SECONDS is
+
+
 class Clock:
-    """A millisecond a reading."""
+    """A tick a reading."""
 
     def __init__(self):
         self.now = 0.0
 
     def __call__(self):
-        self.now += 0.001
+        self.now += TICK
         return self.now
 
 
@@ -188,12 +192,12 @@ def test_pace_times_from_a_settled_pool_for_its_seconds_and_stops_taking_batches
         return len(taken) > steady_from
 
     rate = auto.pace(outcomes(10_000), steady, Clock())
-    assert rate == pytest.approx(1000.0)  # a batch a (scripted) millisecond
-    timed = round(auto.TRIAL_SECONDS / 0.001)
+    assert rate == pytest.approx(1 / TICK)  # a batch a (scripted) tick
+    timed = math.ceil(auto.TRIAL_SECONDS / TICK)
     assert len(taken) == steady_from + auto.TRIAL_SETTLE_BATCHES + 1 + timed  # and no further
     taken.clear()
     short = steady_from + auto.TRIAL_SETTLE_BATCHES + 1 + auto.TRIAL_MIN_BATCHES  # ends before the seconds
-    assert auto.pace(outcomes(short), steady, Clock()) == pytest.approx(1000.0)
+    assert auto.pace(outcomes(short), steady, Clock()) == pytest.approx(1 / TICK)
     taken.clear()
     assert auto.pace(outcomes(short - 1), steady, Clock()) is None  # too few timed
 
