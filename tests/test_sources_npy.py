@@ -498,3 +498,38 @@ def test_read_batch_where_files_cannot_be_opened_relative_to_a_directory(tmp_pat
     with pytest.raises(FileNotFoundError) as info:
         src.read_batch([0, 1])
     assert info.value.filename == str(inputs / "01_données.npy")
+
+
+@pytest.mark.parametrize("first", ["another shape", "another dtype", "truncated", "trailing bytes", "fortran"])
+def test_read_batch_checks_each_batchs_first_file_not_only_the_last_batchs_layout(tmp_path, first):
+    """A batch's layout comes from its first file; where that file's header holds the bytes
+    the last batch's first file had, nothing is parsed (``_Folder.layout``). A first file
+    that differs, or that has those header bytes and the wrong length, is still read as
+    itself or named: never taken for the last batch's layout."""
+    arrays = [np.full((3, 4), i, np.float32) for i in range(8)]
+    _, inputs = batch_of(tmp_path, arrays)
+    src = NpyPairs(inputs, tmp_path / "labels")
+    np.testing.assert_array_equal(src.read_batch(range(4))["x"], np.stack(arrays[:4]))  # the layout to remember
+    path = inputs / "0004.npy"
+    if first in ("truncated", "trailing bytes"):
+        if first == "truncated":
+            truncate(path, os.path.getsize(path) - 4)
+        else:
+            with open(path, "ab") as f:
+                f.write(b"\0")
+        with pytest.raises(DataError, match=f"0004.npy: {first}"):
+            src.read_batch(range(4, 8))
+        return
+    if first == "fortran":
+        np.save(path, np.asfortranarray(arrays[4]))
+        with pytest.raises(ValueError, match="0004.npy: Fortran order"):
+            src.read_batch(range(4, 8))
+        return
+    changed = [
+        np.full((5,), i, np.float64) if first == "another shape" else np.full((3, 4), i, np.int32) for i in range(4, 8)
+    ]
+    for i, a in zip(range(4, 8), changed):
+        np.save(inputs / f"{i:04d}.npy", a)
+    np.testing.assert_array_equal(src.read_batch(range(4, 8))["x"], np.stack(changed))
+    assert src.read_batch(range(4, 8))["x"].dtype == changed[0].dtype
+    np.testing.assert_array_equal(src.read_batch(range(4))["x"], np.stack(arrays[:4]))  # and back

@@ -23,7 +23,6 @@ they travel to spawned worker processes and reopen there.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import hashlib
@@ -32,7 +31,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -231,6 +230,23 @@ class _Held:
         self.handle, self.users = handle, 0
 
 
+class _InUse:
+    """``with handles.use(key) as handle``: a class, not a generator, as sources take a handle
+    for every batch (a ``contextlib.contextmanager`` block cost ~5 us more)."""
+
+    __slots__ = ("_handles", "_key", "_held")
+
+    def __init__(self, handles: LazyHandles, key: Any):
+        self._handles, self._key = handles, key
+
+    def __enter__(self) -> Any:
+        self._held = self._handles._acquire(self._key)
+        return self._held.handle
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._handles._release(self._held)
+
+
 class LazyHandles:
     """File handles opened on first use, once per process, shared by that process's threads,
     at most ``max_open`` of them kept open (least recently used closed first).
@@ -263,15 +279,15 @@ class LazyHandles:
         self._lock = threading.Lock()
         _EVERY_HANDLES.add(self)
 
-    @contextlib.contextmanager
-    def use(self, key: Any = None) -> Iterator[Any]:
+    def use(self, key: Any = None) -> _InUse:
         """The handle for ``key``, open for the block (opened now if it is not open)."""
-        held = self._acquire(key)
-        try:
-            yield held.handle
-        finally:
-            with self._lock:
-                held.users -= 1
+        return _InUse(self, key)
+
+    def _release(self, held: _Held) -> None:
+        with self._lock:
+            held.users -= 1
+            over = len(self._held) > self.max_open
+        if over:
             self._trim(self.max_open)
 
     def _acquire(self, key: Any) -> _Held:
@@ -287,7 +303,8 @@ class LazyHandles:
                 held.users += 1
             if handle is not None:  # another thread opened it meanwhile: keep one
                 self._closer(handle)
-        self._trim(self.max_open)
+        if len(self._held) > self.max_open:  # a thread that adds a handle checks after adding it
+            self._trim(self.max_open)
         return held
 
     def _take(self, key: Any) -> _Held | None:
@@ -316,6 +333,8 @@ class LazyHandles:
     def _trim(self, keep: int) -> None:
         """Close idle handles, least recently used first, until at most ``keep`` remain open."""
         with self._lock:
+            if len(self._held) <= keep:  # the common case, every batch: nothing to close
+                return
             idle = [key for key, held in self._held.items() if held.users == 0]
             closing = [self._held.pop(key).handle for key in idle[: max(0, len(self._held) - keep)]]
         for handle in closing:

@@ -87,7 +87,8 @@ class Listing:
 
     def relatives_bytes(self, ids: np.ndarray) -> list[bytes]:
         """``[self.relative_bytes(i) for i in ids]``: names as the OS takes them, not decoded."""
-        buffer, offsets = self.buffer, self.offsets
+        # a memoryview slices in a third of an array's time, and this runs for every name of a batch
+        buffer, offsets = memoryview(self.buffer), self.offsets  # type: ignore[arg-type]
         starts, ends = offsets[ids].tolist(), offsets[np.add(ids, 1)].tolist()
         return [buffer[a:b].tobytes() for a, b in zip(starts, ends)]
 
