@@ -341,6 +341,15 @@ def test_pad_collation_never_groups():
 
 
 # -- "auto": how many batches a task holds -----------------------------------------------------------
+def test_process_workers_hold_more_cheap_batches_a_task_than_threads():
+    thread, process = (make_grouping(ExecutionOptions(workers=2, mode=m), "stack") for m in ("thread", "process"))
+    for g in (thread, process):
+        for _ in range(LEARN_BATCHES):
+            g.learn(0.0001, 100)  # 500 make a task of TASK_SECONDS
+    assert thread.in_use == grouping_module.MAX_BATCHES and process.in_use == grouping_module.MAX_PROCESS_BATCHES
+    assert process.picked.startswith(f"{grouping_module.MAX_PROCESS_BATCHES} batch(es) a task")
+
+
 def test_auto_picks_after_learning_enough_batches_within_time_room_and_limit():
     grouping = Grouping(auto=True, room=10_000, copies=10)
     for _ in range(LEARN_BATCHES - 1):
@@ -403,8 +412,9 @@ def test_by_default_a_loader_of_cheap_batches_groups_them_and_says_why(workers, 
         ids = [i for b in loader for i in b["id"].tolist()]
         stats = loader.stats()
     assert ids == list(range(400))
-    assert stats["batches_per_task"] == 8 and stats["prefetch"] == 4 * workers * 8
-    assert stats["grouping"].startswith("8 batch(es) a task")
+    cap = grouping_module.MAX_PROCESS_BATCHES if mode == "process" else grouping_module.MAX_BATCHES
+    assert stats["batches_per_task"] == cap and stats["prefetch"] == 4 * workers * cap
+    assert stats["grouping"].startswith(f"{cap} batch(es) a task")
     room = 3 * 8 * (4 * 4 * 8 + 4 * 8 + 4 * 8)  # three times the window of 8 batches of 192 bytes (x, y, id)
     with Loader(paired_source(400), 4, workers=2, with_ids=True, max_inflight_bytes=room) as loader:
         list(loader)

@@ -500,3 +500,18 @@ def test_a_lost_worker_ends_inline_making_for_the_loader(marker_dir, no_leaks):
     with Loader(FaultySource(40, kill={9}, marker_dir=marker_dir), 4, workers=2, mode="process", retries=1) as loader:
         list(loader)
         assert loader._handoff.to_workers and loader._handoff._phase == "pinned"
+
+
+def test_a_measure_in_progress_skips_one_window_at_each_epochs_start_and_ends():
+    """2 processes, tasks of 11 batches, 157 batches an epoch (5,000 JPEGs of 32): after the
+    start (two windows, 176 batches) each epoch's refill is one window (88), so the 69 after
+    it measure the workers; two windows each time skipped every batch of every epoch."""
+    config = LoaderConfig.build(batch_size=4, workers=2, mode="process")
+    handoff = H.make_handoff(config, per_task=lambda: 11)
+    window = config.execution.effective_prefetch * 11
+    assert handoff.settle == 2 * window and handoff.refill == window < 157 < handoff.settle
+    feed(handoff, 157, 3 * MS, 10 * US, 6 * MS)  # the first epoch: all of it skipped
+    assert handoff._phase == "measure"
+    handoff.new_epoch()
+    feed(handoff, 157, 3 * MS, 10 * US, 6 * MS)
+    assert handoff._phase == "keep" and handoff.to_workers  # the workers hide the work: kept

@@ -158,7 +158,7 @@ def test_kept_batches_are_never_written_again(no_leaks):
         kept = [list(loader.epoch(e)) for e in range(2)]
         stats = loader.stats()
     assert [epoch_digest(b) for b in kept] == [epoch_digest(b) for b in expected]
-    # a slot holds one task's batches: batches_per_task of them ("auto" picks 8 here)
+    # a slot holds one task's batches: batches_per_task of them (what "auto" picked)
     lent_at_most = shm.LENT_SLOTS * 2 * stats["batches_per_task"]
     assert 0 < stats["lent_batches"] <= lent_at_most and stats["lending_stopped"] is None
     lent = [b for epoch in kept for b in epoch if _in_a_slot(b["x"])]

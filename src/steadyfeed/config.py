@@ -177,7 +177,7 @@ class ExecutionOptions:
         "for them, which counts where a batch takes a few milliseconds or less to make. Each batch "
         "is the same whatever the number, and a task whose samples fail is made again batch by "
         "batch. 'auto': 1 for the first 16 batches, then as many as make a task of ~50 ms, at "
-        "most 8, within the memory and the prefetch allowed (stats()['batches_per_task']). A "
+        "most 8 (32 in process mode), within the memory and the prefetch allowed (stats()['batches_per_task']). A "
         "default prefetch grows with it",
         metavar="K|auto",
     )

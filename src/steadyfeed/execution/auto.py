@@ -29,7 +29,7 @@ few more in two threads at once, and picks:
   of what threads lose to the GIL, and the probe sees only the second: page-cached HDF5
   rows in order (tasks of 8 batches, 2.3 ms) probed 0.64x on two threads, yet 2 threads
   made them 1.4-1.7x as fast as 2 processes, a worker's read overlapping the consumer's
-  own work. Costlier tasks (JPEG: 8 batches, ~50 ms) are not timed.
+  own work. Costlier tasks (JPEG: 8 batches, ~30 ms) are not timed.
 
 The probe's and the trial's batches are made and dropped: they cost a few batches of time,
 once (a trial: two stretches of up to ``TRIAL_SECONDS`` and one more start of process

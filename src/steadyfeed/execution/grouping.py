@@ -47,7 +47,13 @@ from .pool import SLOTS_PER_WORKER
 # in a worker on 2 busy cores) ran fastest at 8 a task (2 processes: 22.6-23.1k images/s against
 # 22.3-22.6k at 4, 21.7k at 2, 19.1-20.4k at 1), so 8 of them must fit
 TASK_SECONDS = 0.05
-MAX_BATCHES = 8  # batches one task may hold under "auto"
+MAX_BATCHES = 8  # batches one thread's task may hold under "auto"
+# ...and one process's: a task shipped to a process costs more (a pickle and a pipe message each
+# way, a slot to map), so processes fill TASK_SECONDS with cheap batches where threads stop at 8.
+# 2 processes, same run, 8 / 32 a task: npy pairs (1.6 ms a batch) 100k / 105k pairs/s, page-
+# cached HDF5 rows in order 195k / 283k rows/s, shuffled 174k / 181k; 4 threads on shuffled
+# rows fell to 0.78x of workers=0 at 32 a task (0.98x at 8), hence threads keep 8
+MAX_PROCESS_BATCHES = 32
 LEARN_BATCHES = 16  # batches made one per task before "auto" picks
 
 
@@ -59,7 +65,7 @@ class Grouping:
     ``LEARN_BATCHES`` batches have been made, then what :meth:`learn` picks: enough batches
     for a task of ``TASK_SECONDS`` (the fixed cost of a task, ~0.2-0.4 ms of CPU on both
     sides together, then stays under 1%; the median batch of the first ``LEARN_BATCHES``), at
-    most ``MAX_BATCHES``, ``limit`` (what the
+    most ``cap`` (``MAX_BATCHES``, ``MAX_PROCESS_BATCHES`` for processes), ``limit`` (what the
     loader allows: an explicit ``prefetch`` must hold a worker's two tasks) and as many as
     ``room`` bytes hold, ``copies`` times over (the window and, in process mode, the
     workers' slots, each that many batches per batch a task holds). ``grows_window``: the
@@ -70,6 +76,7 @@ class Grouping:
     size: int = 1
     workers: int = 1
     auto: bool = False
+    cap: int = MAX_BATCHES
     limit: int = MAX_BATCHES
     room: int | None = None
     copies: int = 1
@@ -117,26 +124,29 @@ class Grouping:
             self.size, self.picked = self._pick(statistics.median(self._seconds), self._largest)
 
     def _pick(self, seconds: float, nbytes: int) -> tuple[int, str]:
-        by_time = batches_for(seconds)
-        by_room = MAX_BATCHES if self.room is None or nbytes == 0 else self.room // (self.copies * nbytes)
-        size = max(1, min(by_time, by_room, self.limit, MAX_BATCHES))
+        by_time = batches_for(seconds, self.cap)
+        by_room = self.cap if self.room is None or nbytes == 0 else self.room // (self.copies * nbytes)
+        size = max(1, min(by_time, by_room, self.limit, self.cap))
         why = (
             f"{size} batch(es) a task: a batch took {seconds * 1e3:.2f} ms to make ({by_time} make a task of "
             f"{TASK_SECONDS * 1e3:.0f} ms), holds {nbytes:,} bytes"
             + (f" ({by_room} fit the memory allowed)" if self.room is not None else "")
-            + (f"; prefetch allows {self.limit}" if self.limit < MAX_BATCHES else "")
+            + (f"; prefetch allows {self.limit}" if self.limit < self.cap else "")
         )
         return size, why
 
 
-def batches_for(seconds: float) -> int:
-    """How many batches of ``seconds`` each make a task of ``TASK_SECONDS``, at most ``MAX_BATCHES``."""
-    return MAX_BATCHES if seconds <= 0 else max(1, min(MAX_BATCHES, math.ceil(TASK_SECONDS / seconds)))
+def batches_for(seconds: float, cap: int = MAX_BATCHES) -> int:
+    """How many batches of ``seconds`` each make a task of ``TASK_SECONDS``, at most ``cap``."""
+    return cap if seconds <= 0 else max(1, min(cap, math.ceil(TASK_SECONDS / seconds)))
 
 
 def per_task_rule(execution: ExecutionOptions, collate: str) -> Callable[[float], int]:
-    """How many batches of a given cost one process worker's task would hold under these
-    options (``workers="auto"`` asks before any pool exists; the memory bound aside)."""
+    """How many batches of a given cost a task would hold under these options, by which
+    ``workers="auto"`` weighs whether shipping a task to a process is worth it (it asks before
+    any pool exists; the memory bound aside). Under "auto" it counts at most ``MAX_BATCHES``,
+    as a thread's task: batches so cheap that only a process's longer task would be worth
+    shipping stay on threads, where a process pool would cost seconds to start for them."""
     asked = execution.batches_per_task
     if collate != "stack":
         return lambda seconds: 1
@@ -165,8 +175,9 @@ def make_grouping(execution: ExecutionOptions, collate: str) -> Grouping:
         free = shm.free_bytes()
         if free is not None:  # at most half of it: the slots of other loaders, other programs
             room = free // 2 if room is None else min(room, free // 2)
-    limit = MAX_BATCHES if prefetch is None else max(1, prefetch // (PREFETCH_PER_WORKER * workers))
-    return Grouping(auto=True, workers=workers, limit=limit, room=room, copies=copies, grows_window=window)
+    cap = MAX_PROCESS_BATCHES if execution.mode == "process" else MAX_BATCHES
+    limit = cap if prefetch is None else max(1, prefetch // (PREFETCH_PER_WORKER * workers))
+    return Grouping(auto=True, workers=workers, cap=cap, limit=limit, room=room, copies=copies, grows_window=window)
 
 
 def mergeable(spec: BatchSpec) -> bool:

@@ -144,8 +144,12 @@ class MeasuredHandoff:
         workers: int = 1,
         per_task: Callable[[], int] = lambda: 1,
         steady: Callable[[], bool] = lambda: True,
+        refill: int | None = None,
     ):
         self._settle_tasks = settle  # tasks to skip after (re)starting workers: the pipeline is filling
+        # tasks to skip at a later epoch's start, where the pipeline refills (one window: the
+        # workers and their slots are there already)
+        self._refill_tasks = settle if refill is None else refill
         self.workers = max(1, workers)
         # batches a worker's task holds now (grouping.py): the skip after a (re)start is counted in
         # tasks, since a window of tasks of 8 batches takes 8 times as long to fill. The measures
@@ -162,6 +166,11 @@ class MeasuredHandoff:
     def settle(self) -> int:
         """Batches to skip after (re)starting workers."""
         return self._settle_tasks * self._per_task()
+
+    @property
+    def refill(self) -> int:
+        """Batches to skip at an epoch's start."""
+        return self._refill_tasks * self._per_task()
 
     def _measured_enough(self, cycles: _Cycles) -> bool:
         """Enough cycles for a mean: ``PROBE_BATCHES``, and at least ``MEASURE_ROUNDS`` tasks a
@@ -180,17 +189,19 @@ class MeasuredHandoff:
         self._phase, self.to_workers = "pinned", True
 
     def new_epoch(self) -> None:
-        """The pipeline starts empty: a measure of the workers in progress skips its refill again
-        and goes on with what it has (a skip of two windows of process tasks of 8 batches and a measure
-        can outlast the epoch of a small dataset: started afresh at each, it would never end).
+        """The pipeline starts empty: a measure of the workers in progress skips its refill (one
+        window of tasks) and goes on with what it has (a skip and a measure can outlast the
+        epoch of a small dataset: started afresh at each, it would never end; and a skip of two
+        windows, as after a start, was longer than such an epoch: 2 processes on 157 batches of
+        JPEG, 11 a task, skipped every batch of every epoch and never decided).
         Workers kept skip the refill before their cycles count towards a drift again: the
         first task of an epoch is waited for whole (8 batches of JPEG, ~25 ms on 2 processes),
         and read as a drift it made loaders probe the consumer again in every epoch."""
         if self._phase in ("measure", "confirm"):
-            self._settle = self.settle
+            self._settle = self.refill
         elif self._phase == "keep" and self.to_workers:
             self._recent = _Cycles()
-            self._refill = self.settle
+            self._refill = self.refill
 
     def record(self, cycle: float, in_loader: float, timings: dict, made_here: bool) -> None:
         """One batch handed out: ``cycle`` seconds since the previous one, ``in_loader`` of them
@@ -319,7 +330,8 @@ def make_handoff(
 ) -> FixedHandoff | MeasuredHandoff:
     """The handoff a ``LoaderConfig`` asks for; ``per_task``: how many batches a task holds now;
     ``steady``: whether that number is settled. The skip after a (re)start is a window of
-    tasks; two in process mode, where the first window's tasks also make each worker's slots.
+    tasks; two in process mode, where the first window's tasks also make each worker's slots;
+    at a later epoch's start, one.
     One for threads: two windows of 4 threads (16 tasks of 8 batches each) made every measure
     skip 256 batches, and the first decision outlasted a 625-batch epoch (probed, confirmed)."""
     if config.execution.workers == 0:
@@ -332,4 +344,5 @@ def make_handoff(
         workers=config.execution.workers,
         per_task=per_task,
         steady=steady,
+        refill=config.execution.effective_prefetch,
     )
