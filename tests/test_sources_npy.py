@@ -425,16 +425,20 @@ def test_read_batch_refuses_a_later_fortran_file_of_the_same_shape(tmp_path):
         np.testing.assert_array_equal(next(iter(loader))["x"], np.stack(arrays))
 
 
+def spoil_length(path, damage: str, itemsize: int) -> None:
+    """``damage`` "truncated": the file loses its last item; "trailing bytes": it gains a byte."""
+    if damage == "truncated":
+        truncate(path, os.path.getsize(path) - itemsize)
+    else:
+        with open(path, "ab") as f:
+            f.write(b"\0")
+
+
 @pytest.mark.parametrize("damage", ["truncated", "trailing bytes"])
 def test_read_batch_names_a_later_file_of_the_wrong_length(tmp_path, damage):
     arrays = [np.full((8,), i, np.float64) for i in range(5)]
     _, inputs = batch_of(tmp_path, arrays)
-    path = inputs / "0003.npy"
-    if damage == "truncated":
-        truncate(path, os.path.getsize(path) - 8)
-    else:
-        with open(path, "ab") as f:
-            f.write(b"\0")
+    spoil_length(inputs / "0003.npy", damage, 8)
     with pytest.raises(DataError, match=f"0003.npy: {damage}"):
         NpyPairs(inputs, tmp_path / "labels").read_batch(range(5))
 
@@ -512,11 +516,7 @@ def test_read_batch_checks_each_batchs_first_file_not_only_the_last_batchs_layou
     np.testing.assert_array_equal(src.read_batch(range(4))["x"], np.stack(arrays[:4]))  # the layout to remember
     path = inputs / "0004.npy"
     if first in ("truncated", "trailing bytes"):
-        if first == "truncated":
-            truncate(path, os.path.getsize(path) - 4)
-        else:
-            with open(path, "ab") as f:
-                f.write(b"\0")
+        spoil_length(path, first, 4)
         with pytest.raises(DataError, match=f"0004.npy: {first}"):
             src.read_batch(range(4, 8))
         return
