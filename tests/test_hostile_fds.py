@@ -163,6 +163,20 @@ def test_idle_handles_are_bounded_and_one_in_use_is_never_closed(tmp_path):
     assert handles.open_count() == 0
 
 
+def test_a_handle_whose_block_raised_is_idle_again_and_closed_over_the_bound(tmp_path):
+    paths = _paths(tmp_path, 3)
+    handles = LazyHandles(_open_file, os.close, max_open=1)
+    with pytest.raises(ValueError), handles.use(paths[0]):
+        raise ValueError("a read failed")
+    with handles.use(paths[1]):  # over the bound: the first, idle again, is closed at once
+        assert handles.open_count() == 1
+    with pytest.raises(ValueError), handles.use(paths[1]), handles.use(paths[2]):
+        assert handles.open_count() == 2  # both in use: neither may be closed
+        raise ValueError("both in use when it raised")
+    assert handles.open_count() == 1  # both given back, the older closed
+    handles.close()
+
+
 class _RunsOutOnce:
     """An opener that finds no descriptor left the first time (another source holds them)."""
 
