@@ -22,6 +22,7 @@ from steadyfeed.execution import handoff as H
 pytestmark = pytest.mark.timeout(120)
 
 US, MS = 1e-6, 1e-3
+LONG_EPOCH = 10**6  # batches an epoch hands out, where its length plays no part
 
 
 @pytest.fixture(autouse=True)
@@ -123,7 +124,7 @@ def test_workers_measured_while_the_data_was_cold_are_measured_again_before_they
     feed(h, 2 + H.PROBE_BATCHES, 8 * MS, 7 * MS, 12 * MS)  # cold: every batch waited for
     feed(h, 1 + H.PROBE_BATCHES, 5 * MS, 5 * MS, 5 * MS, made_here=True)  # warm, in one thread
     assert h._phase == "confirm" and h.to_workers and h.deciding
-    h.new_epoch()  # a new epoch in between: the pipeline refills before the measure counts
+    h.new_epoch(LONG_EPOCH)  # a new epoch in between: the pipeline refills before the measure counts
     feed(h, 2, 30 * MS, 1 * MS, 6 * MS)
     feed(h, 3, 5 * MS, 5 * MS, 5 * MS, made_here=True)  # the consumer's own last batches: not counted
     feed(h, H.PROBE_BATCHES - 1, 3 * MS, 2.5 * MS, 6 * MS)
@@ -184,7 +185,7 @@ def test_an_epochs_refill_is_no_drift():
     feed(h, 2 + H.PROBE_BATCHES + H.DRIFT_AFTER, 100 * US, 10 * US, 90 * US)
     assert h._phase == "keep" and h.to_workers
     for _ in range(3):
-        h.new_epoch()
+        h.new_epoch(LONG_EPOCH)
         feed(h, 2, 3 * MS, 3 * MS, 90 * US)  # the refill: two batches waited for
         feed(h, H.PROBE_BATCHES, 100 * US, 10 * US, 90 * US)
         assert h._phase == "keep"
@@ -308,7 +309,7 @@ def test_a_lost_worker_pins_every_batch_to_the_workers():
     assert not h.to_workers
     h.pin_to_workers()
     feed(h, 1 + H.PROBE_BATCHES, 1 * US, 1 * US, 10 * US, made_here=True)
-    h.new_epoch()
+    h.new_epoch(LONG_EPOCH)
     feed(h, 10 * H.PROBE_BATCHES, 30 * US, 25 * US, 10 * US)
     assert h.to_workers and h._phase == "pinned"
 
@@ -316,12 +317,12 @@ def test_a_lost_worker_pins_every_batch_to_the_workers():
 def test_a_new_epoch_settles_a_measurement_again_but_keeps_what_it_measured():
     h = measured(settle=2)
     feed(h, 2 + H.PROBE_BATCHES - 1, 10 * US, 9 * US, 9 * US)
-    h.new_epoch()  # the pipeline starts empty again: its refill is not counted
+    h.new_epoch(LONG_EPOCH)  # the pipeline starts empty again: its refill is not counted
     feed(h, 2, 500 * US, 9 * US, 9 * US)
     assert h._phase == "measure"
     feed(h, 1, 10 * US, 9 * US, 9 * US)  # the measure's last cycle
     assert h._phase == "probe" and h._pooled_cycle == pytest.approx(10 * US)
-    h.new_epoch()
+    h.new_epoch(LONG_EPOCH)
     assert h._phase == "probe"
 
 
@@ -389,9 +390,10 @@ class ScriptedHandoff:
 
     def __init__(self, pattern):
         self.pattern, self.count, self.to_workers = list(pattern), 0, bool(pattern[0])
+        self.epochs = []  # the batches each epoch was to hand out, as new_epoch heard them
 
-    def new_epoch(self):
-        pass
+    def new_epoch(self, batches):
+        self.epochs.append(batches)
 
     def pin_to_workers(self):
         pass  # ignored, so the scheduler's own rule for lost batches is what is tested
@@ -428,6 +430,15 @@ def test_any_mix_of_inline_and_worker_batches_is_bit_identical(monkeypatch, patt
         with Loader(paired_source(n), 5, with_ids=True, workers=2, **options) as loader:
             got = digests(loader)
     assert got == expected
+
+
+def test_each_epoch_tells_the_handoff_how_many_batches_it_hands_out(monkeypatch):
+    scripted(monkeypatch, [True])
+    with Loader(paired_source(25), 5, workers=2) as loader:  # 5 batches an epoch
+        list(loader.epoch(0))
+        loader.seek(1, 3)  # resumed: 2 batches left
+        assert len(list(loader)) == 2
+        assert loader._handoff.epochs == [5, 2]
 
 
 @pytest.mark.parametrize("mode", ["thread", "process"])
@@ -504,14 +515,59 @@ def test_a_lost_worker_ends_inline_making_for_the_loader(marker_dir, no_leaks):
 
 def test_a_measure_in_progress_skips_one_window_at_each_epochs_start_and_ends():
     """2 processes, tasks of 11 batches, 157 batches an epoch (5,000 JPEGs of 32): after the
-    start (two windows, 176 batches) each epoch's refill is one window (88), so the 69 after
-    it measure the workers; two windows each time skipped every batch of every epoch."""
+    start (two windows, 176 batches) each epoch's refill is one window (88) cut to half the
+    epoch (78), so the 79 after it measure the workers; two windows each time skipped every
+    batch of every epoch."""
     config = LoaderConfig.build(batch_size=4, workers=2, mode="process")
     handoff = H.make_handoff(config, per_task=lambda: 11)
     window = config.execution.effective_prefetch * 11
     assert handoff.settle == 2 * window and handoff.refill == window < 157 < handoff.settle
+    handoff.new_epoch(157)
     feed(handoff, 157, 3 * MS, 10 * US, 6 * MS)  # the first epoch: all of it skipped
     assert handoff._phase == "measure"
-    handoff.new_epoch()
+    handoff.new_epoch(157)
     feed(handoff, 157, 3 * MS, 10 * US, 6 * MS)
     assert handoff._phase == "keep" and handoff.to_workers  # the workers hide the work: kept
+
+
+def test_the_first_epoch_does_not_cut_the_skip_after_a_start():
+    """The loader starts every epoch with ``new_epoch``, its first too: the two windows that a
+    fresh pool of processes skips (its first tasks also make the workers' slots) are not cut
+    to the one window of a later epoch's refill."""
+    config = LoaderConfig.build(batch_size=4, workers=2, mode="process")
+    handoff = H.make_handoff(config, per_task=lambda: 1)
+    assert handoff.settle == 2 * handoff.refill
+    handoff.new_epoch(LONG_EPOCH)
+    measure = max(H.PROBE_BATCHES, H.MEASURE_ROUNDS * 2)
+    feed(handoff, handoff.settle + measure - 1, 30 * US, 25 * US, 10 * US)
+    assert handoff._phase == "measure"
+    feed(handoff, 1, 30 * US, 25 * US, 10 * US)
+    assert handoff._phase == "probe"
+
+
+def run_epochs(handoff, epochs, batches, workers_cycle, here_cycle):
+    """``epochs`` epochs of ``batches`` as the scheduler hands them out: made where the handoff
+    says, workers' batches with ``workers_cycle`` (most of it spent waiting inside the
+    loader), the consumer's with ``here_cycle``; each batch is 10 us of work."""
+    for _ in range(epochs):
+        handoff.new_epoch(batches)
+        for _ in range(batches):
+            here = not handoff.to_workers
+            cycle = here_cycle if here else workers_cycle
+            handoff.record(cycle, cycle if here else 0.9 * cycle, {"read": 10 * US}, here)
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+@pytest.mark.parametrize(
+    "workers_cycle,here_cycle,to_workers",
+    [pytest.param(10 * US, 30 * US, True, id="workers-faster"), pytest.param(30 * US, 10 * US, False, id="consumer-faster")],
+)
+def test_epochs_shorter_than_a_window_of_tasks_still_decide(mode, workers_cycle, here_cycle, to_workers):
+    """2,000 JPEGs of 32 are 63 batches an epoch, fewer than a window of tasks of 11 skips: a
+    refill cut to half an epoch leaves each epoch something to measure (or to confirm), so
+    the loader decides instead of saying "deciding" for good."""
+    config = LoaderConfig.build(batch_size=4, workers=2, mode=mode)
+    handoff = H.make_handoff(config, per_task=lambda: 11)
+    assert handoff.refill > 63
+    run_epochs(handoff, 30, 63, workers_cycle, here_cycle)
+    assert handoff._phase == "keep" and handoff.to_workers == to_workers and not handoff.deciding

@@ -103,7 +103,7 @@ class FixedHandoff:
     def __init__(self, to_workers: bool):
         self.to_workers = to_workers
 
-    def new_epoch(self) -> None:
+    def new_epoch(self, batches: int) -> None:
         pass
 
     def record(self, cycle: float, in_loader: float, timings: dict, made_here: bool) -> None:
@@ -188,20 +188,23 @@ class MeasuredHandoff:
         """A worker was lost: from now on every batch is made by a worker."""
         self._phase, self.to_workers = "pinned", True
 
-    def new_epoch(self) -> None:
-        """The pipeline starts empty: a measure of the workers in progress skips its refill (one
-        window of tasks) and goes on with what it has (a skip and a measure can outlast the
-        epoch of a small dataset: started afresh at each, it would never end; and a skip of two
-        windows, as after a start, was longer than such an epoch: 2 processes on 157 batches of
-        JPEG, 11 a task, skipped every batch of every epoch and never decided).
+    def new_epoch(self, batches: int) -> None:
+        """The pipeline starts empty for an epoch that hands out ``batches`` more batches: a
+        measure of the workers in progress skips its refill (one window of tasks, or what is
+        left of a longer skip: the two windows after a start) and goes on with what it has.
+        The refill skipped is at most half the epoch, so every epoch adds to the measure: a
+        skip as long as the epoch, at each epoch, never ended (a skip of two windows, as after
+        a start, on 2 processes on 157 batches of JPEG, 11 a task; one window, on 63 batches
+        of 2,000 JPEGs), and the loader said "deciding" for good.
         Workers kept skip the refill before their cycles count towards a drift again: the
         first task of an epoch is waited for whole (8 batches of JPEG, ~25 ms on 2 processes),
         and read as a drift it made loaders probe the consumer again in every epoch."""
+        refill = min(self.refill, batches // 2)
         if self._phase in ("measure", "confirm"):
-            self._settle = self.refill
+            self._settle = max(self._settle, refill)
         elif self._phase == "keep" and self.to_workers:
             self._recent = _Cycles()
-            self._refill = self.refill
+            self._refill = refill
 
     def record(self, cycle: float, in_loader: float, timings: dict, made_here: bool) -> None:
         """One batch handed out: ``cycle`` seconds since the previous one, ``in_loader`` of them

@@ -127,7 +127,7 @@ class EpochRun:
         self.stats = stats  # LoaderStats: consumer wait time and queue fill are measured here
 
     def __iter__(self):
-        self.handoff.new_epoch()
+        self.handoff.new_epoch(len(self.plan) - self.next_to_yield)
         last_yield = None
         self._fill_window()  # and again as each batch is handed out, below
         while self.next_to_yield < len(self.plan):
