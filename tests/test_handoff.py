@@ -163,6 +163,35 @@ def test_a_way_kept_is_measured_again_once_it_drifts_slower():
     assert h._phase == "measure" and h.to_workers
 
 
+def test_workers_kept_are_measured_again_once_their_batches_take_much_less_work():
+    """A MemoryCache filled by its first epoch: JPEGs decoded by the workers at 3 ms a batch,
+    then copied out of the cache at 40 us, which the consumer does faster than a hand-off.
+    Half the work is not enough (``WORK_DROP``); once measured again, the consumer keeps the
+    batches."""
+    h = measured(settle=0)
+    feed(h, H.PROBE_BATCHES, 3 * MS, 10 * US, 3 * MS)  # decoding: the workers hide the work
+    assert h._phase == "keep" and h.to_workers
+    feed(h, 2 * H.PROBE_BATCHES, 1.6 * MS, 10 * US, 1.6 * MS)  # a little less than half as cheap
+    assert h._phase == "keep"
+    feed(h, H.PROBE_BATCHES - 1, 50 * US, 40 * US, 40 * US)  # cached
+    assert h._phase == "keep"  # a whole window is needed
+    feed(h, 1, 50 * US, 40 * US, 40 * US)
+    assert h._phase == "measure" and h.to_workers
+    feed(h, H.PROBE_BATCHES, 50 * US, 40 * US, 40 * US)
+    feed(h, 1 + H.PROBE_BATCHES, 20 * US, 20 * US, 20 * US, made_here=True)
+    confirmed(h, 50 * US)
+    assert h._phase == "keep" and not h.to_workers
+
+
+def test_work_that_gets_cheaper_is_looked_at_only_while_workers_keep_the_batches():
+    h = measured(settle=0)
+    feed(h, H.PROBE_BATCHES, 30 * US, 25 * US, 10 * US)
+    feed(h, 1 + H.PROBE_BATCHES, 10 * US, 10 * US, 10 * US, made_here=True)
+    confirmed(h, 30 * US)
+    feed(h, 4 * H.PROBE_BATCHES, 1 * US, 1 * US, 1 * US, made_here=True)  # the consumer's batches: cheaper
+    assert h._phase == "keep" and not h.to_workers
+
+
 def test_workers_are_not_measured_until_the_tasks_size_is_picked():
     """While grouping.py's "auto" learns, the workers' cost is about to change: nothing counts;
     once it has picked, the pipeline refills (settle, in tasks of the new size) before a measure."""

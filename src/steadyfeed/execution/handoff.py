@@ -54,6 +54,10 @@ both ways and keeps the faster:
    refill at an epoch's start (its first task is waited for whole): process workers
    reading an HDF5 file at random ran their first epoch at 200k rows/s and their third at
    86k, below the consumer's 125k, and a choice made in the first was kept for good.
+   Workers kept are measured again too (once between two rechecks, as for a drift) when
+   their batches take ``WORK_DROP`` times less work than when they were measured: cheaper
+   batches come in faster cycles, no drift, yet the consumer may now make them faster
+   (a ``MemoryCache`` after the epoch that filled it).
 
 Who makes a batch never changes what it holds: a batch is a pure function of the
 plan, the source and the seed (``run_batch`` is the only code that makes one). So the
@@ -84,6 +88,7 @@ DRIFT_RATIO = 1.25  # the way kept is measured again once its cycles are this ma
 DRIFT_MARGIN = 1.1  # or this many times slower than the other way measured, or than its own
 DRIFT_AFTER = 256  # batches kept before the drift is looked at (a window measured after a decision holds one way)
 DRIFT_WINDOWS = 2  # measures in a row that must drift: one slow stretch of 32 batches is noise
+WORK_DROP = 2.0  # workers kept are measured again once their batches take this many times less work
 CONFIRM_MARGIN = 0.9  # workers measured again keep the batches only at 0.9x the consumer's cycle or less
 GATE_RATIO = 4.0
 WORK_STAGES = ("read", "transform", "collate")  # making a batch; "transport" is the hand-off
@@ -228,8 +233,24 @@ class MeasuredHandoff:
                 self._start_measuring()
             elif self._refill > 0:
                 self._refill -= 1
+            elif self._watch_drift and self.to_workers and self._look_for_cheaper_work(work_seconds(timings)):
+                self._watch_drift = False  # once between two rechecks, as for a drift
+                self._start_measuring()
             elif self._watch_drift and self._kept_batches > DRIFT_AFTER:
                 self._look_for_drift(cycle)
+
+    def _look_for_cheaper_work(self, work: float) -> bool:
+        """Workers kept: whether a window of their batches, the last with ``work``, took
+        ``WORK_DROP`` times less work than when they were measured. Cheaper batches come in
+        faster cycles, never read as a drift, yet the consumer may now make them faster than
+        the hand-off costs: a ``MemoryCache`` filled by its first epoch of JPEGs kept 2
+        threads copying cached batches, slower than ``workers=0``, until the recheck."""
+        self._works.append(work)
+        if not self._measured_enough(self._works):
+            return False
+        cheaper = statistics.fmean(self._works) * WORK_DROP < self._kept_work
+        self._works = []
+        return cheaper
 
     def _look_for_drift(self, cycle: float) -> None:
         self._recent.add(cycle)
@@ -261,6 +282,7 @@ class MeasuredHandoff:
             return
         cycles, in_loaders, works = self._pooled.columns()
         self._pooled_cycle = self._workers_cycle(cycles, works)
+        self._workers_work = statistics.fmean(works)
         # a measure that drained a window of ready batches saw the consumer wait less than the
         # workers' pace will make it: the cycle it is taken at adds that wait inside the loader
         waited = statistics.fmean(in_loaders) + self._pooled_cycle - statistics.fmean(cycles)
@@ -308,7 +330,9 @@ class MeasuredHandoff:
         # batch, where they run at 73 us: the consumer then made every batch at 0.69x their speed.
         if not self._measured_enough(self._again) or self._again.seconds < CONFIRM_SECONDS:
             return
-        again = self._again_cycle = self._workers_cycle(*self._again.columns())
+        cycles, works = self._again.columns()
+        again = self._again_cycle = self._workers_cycle(cycles, works)
+        self._workers_work = statistics.fmean(works)
         if again <= CONFIRM_MARGIN * self._here_cycle:
             self._keep(to_workers=True, cycle=again, rival=self._here_cycle)
         else:
@@ -325,6 +349,8 @@ class MeasuredHandoff:
         self._drift_limit = DRIFT_RATIO * cycle if rival is None else DRIFT_MARGIN * max(rival, cycle)
         self._recent = _Cycles()  # cycles since the last look at the drift
         self._drifted = 0
+        self._kept_work = self._workers_work  # the workers' work a batch, as last measured
+        self._works: list[float] = []  # the work of each batch since the last look at it
         self._refill = 0  # batches of an epoch's start not looked at for a drift
 
 
