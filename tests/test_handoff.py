@@ -589,7 +589,10 @@ def run_epochs(handoff, epochs, batches, workers_cycle, here_cycle):
 @pytest.mark.parametrize("mode", ["thread", "process"])
 @pytest.mark.parametrize(
     "workers_cycle,here_cycle,to_workers",
-    [pytest.param(10 * US, 30 * US, True, id="workers-faster"), pytest.param(30 * US, 10 * US, False, id="consumer-faster")],
+    [
+        pytest.param(10 * US, 30 * US, True, id="workers-faster"),
+        pytest.param(30 * US, 10 * US, False, id="consumer-faster"),
+    ],
 )
 def test_epochs_shorter_than_a_window_of_tasks_still_decide(mode, workers_cycle, here_cycle, to_workers):
     """2,000 JPEGs of 32 are 63 batches an epoch, fewer than a window of tasks of 11 skips: a

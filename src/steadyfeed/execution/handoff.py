@@ -75,7 +75,7 @@ inline are, in practice, plain reads (array slices, raw HDF5 rows), not decoding
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sized
 
 PROBE_BATCHES = 32
 MEASURE_ROUNDS = 2  # a measure spans at least this many tasks a worker
@@ -165,6 +165,10 @@ class MeasuredHandoff:
         self._steady = steady
         self._watch_drift = True  # off after a drift was seen, until the next recheck
         self._drifted = 0  # looks at the way kept in a row that found it drifted
+        self._settle = 0  # batches still to skip before the phase's cycles count
+        self._workers_work = 0.0  # the work a batch took the workers, as last measured
+        self._kept_work = 0.0  # that work when the way kept was picked
+        self._works: list[float] = []  # the work of each batch since the last look at it (workers kept)
         self._start_measuring()
 
     @property
@@ -177,7 +181,7 @@ class MeasuredHandoff:
         """Batches to skip at an epoch's start."""
         return self._refill_tasks * self._per_task()
 
-    def _measured_enough(self, cycles: _Cycles) -> bool:
+    def _measured_enough(self, cycles: Sized) -> bool:
         """Enough cycles for a mean: ``PROBE_BATCHES``, and at least ``MEASURE_ROUNDS`` tasks a
         worker. Tasks of several batches come back in rounds (4 threads, 8 batches a task: 32
         batches ready at once, then a wait for the next 32); a measure of one round's length
@@ -349,8 +353,7 @@ class MeasuredHandoff:
         self._drift_limit = DRIFT_RATIO * cycle if rival is None else DRIFT_MARGIN * max(rival, cycle)
         self._recent = _Cycles()  # cycles since the last look at the drift
         self._drifted = 0
-        self._kept_work = self._workers_work  # the workers' work a batch, as last measured
-        self._works: list[float] = []  # the work of each batch since the last look at it
+        self._kept_work, self._works = self._workers_work, []
         self._refill = 0  # batches of an epoch's start not looked at for a drift
 
 
