@@ -41,6 +41,9 @@ class EagerPool:
     def free_slots(self):
         return self.capacity - len(self.pending)
 
+    def idle_workers(self):
+        return int(not self.pending)  # one worker, busy with whatever it holds
+
     def submit(self, task):
         self.pending.append(task)
         self.submitted.append(task.spec.index)  # a batch being made holds its bytes

@@ -129,7 +129,7 @@ class EpochRun:
     def __iter__(self):
         self.handoff.new_epoch(len(self.plan) - self.next_to_yield)
         last_yield = None
-        self._fill_window()  # and again as each batch is handed out, below
+        self._start()
         while self.next_to_yield < len(self.plan):
             entered = time.perf_counter()
             if self._in_flight():  # keep workers busy even when the next batch is ready
@@ -198,8 +198,22 @@ class EpochRun:
         ready_bytes = sum(batch_bytes(outcome.arrays) for outcome in self.ready.values())
         return self.budget.admits(not self.batches, ready_bytes, len(self.batches) - len(self.ready))
 
-    def _fill_window(self) -> None:
-        while self._admits():
+    def _start(self) -> None:
+        """Fill the window (and again as each batch is handed out), the idle workers' first
+        tasks submitted first: planning the whole window before any (a few hundred batches:
+        ~1.7 ms for 249 batches of npy pairs) left every worker idle that long at each epoch's
+        start."""
+        first = self.pool.idle_workers() * self.grouping.size_at(len(self.plan) - self.next_to_plan)
+        if first:
+            self._fill_window(limit=first)
+            self._submit_ready_tasks()
+        self._fill_window()
+        self._submit_ready_tasks()
+
+    def _fill_window(self, limit: int | None = None) -> None:
+        """Admit batches while the window has room (at most ``limit`` of them)."""
+        stop = len(self.plan) if limit is None else self.next_to_plan + limit
+        while self.next_to_plan < stop and self._admits():
             index = self.next_to_plan
             spec = self.plan[index]
             self.batches[index] = _Batch(spec)
