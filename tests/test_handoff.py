@@ -41,14 +41,16 @@ def measured(settle=2):
 
 
 def confirmed(handoff, cycle, settle=0):
-    """After a probe the consumer won: the workers, measured again at ``cycle``, lose again; it
-    still decides while their batches in flight arrive, and is done at its first batch."""
+    """After a probe the consumer won: the workers, measured again at ``cycle`` (their batches
+    as costly as when first measured), lose again; it still decides while their batches in
+    flight arrive, and is done at its first batch."""
     assert handoff._phase == "confirm" and handoff.to_workers
-    feed(handoff, settle + H.PROBE_BATCHES, cycle, cycle, 10 * US)
+    work = handoff._workers_work
+    feed(handoff, settle + H.PROBE_BATCHES, cycle, cycle, work)
     assert handoff.deciding and not handoff.to_workers
-    feed(handoff, 3, cycle, cycle, 10 * US)  # in flight
+    feed(handoff, 3, cycle, cycle, work)  # in flight
     assert handoff.deciding
-    feed(handoff, 1, cycle, cycle, 10 * US, made_here=True)
+    feed(handoff, 1, cycle, cycle, work, made_here=True)
     assert not handoff.deciding
 
 
@@ -181,6 +183,41 @@ def test_workers_kept_are_measured_again_once_their_batches_take_much_less_work(
     feed(h, 1 + H.PROBE_BATCHES, 20 * US, 20 * US, 20 * US, made_here=True)
     confirmed(h, 50 * US)
     assert h._phase == "keep" and not h.to_workers
+
+
+def probed_on_decoding_then_cached(h):
+    """2 threads measured decoding JPEGs (7 ms of work a batch, the consumer waiting), the
+    consumer probed on decoding too (3.5 ms a batch), then a MemoryCache is full: the workers,
+    measured again, copy cached batches at 0.58 ms a batch (0.9 ms of work)."""
+    feed(h, H.PROBE_BATCHES, 4 * MS, 3.9 * MS, 7 * MS)
+    assert h._phase == "probe"
+    feed(h, 1 + H.PROBE_BATCHES, 3.5 * MS, 3.5 * MS, 3.4 * MS, made_here=True)
+    assert h._phase == "confirm"
+    feed(h, H.PROBE_BATCHES, 0.58 * MS, 0.5 * MS, 0.9 * MS)
+
+
+def test_a_probe_of_batches_that_since_changed_cost_is_made_again():
+    """The workers beat a probe of other batches (0.58 against 3.5 ms): as their work changed
+    2x and more since they were first measured, everything is measured again, on cached
+    batches, and the consumer keeps them (the benchmark's MemoryCache kept its workers)."""
+    h = H.MeasuredHandoff(settle=0, workers=2)
+    probed_on_decoding_then_cached(h)
+    assert h._phase == "measure" and h.to_workers  # not kept: measured again
+    feed(h, H.PROBE_BATCHES, 0.58 * MS, 0.5 * MS, 0.9 * MS)
+    assert h._phase == "probe"
+    feed(h, 1 + H.PROBE_BATCHES, 0.3 * MS, 0.3 * MS, 0.25 * MS, made_here=True)
+    confirmed(h, 0.58 * MS)
+    assert h._phase == "keep" and not h.to_workers
+
+
+def test_a_cost_that_keeps_changing_is_decided_after_one_more_measure():
+    h = H.MeasuredHandoff(settle=0, workers=2)
+    probed_on_decoding_then_cached(h)
+    feed(h, H.PROBE_BATCHES, 0.58 * MS, 0.5 * MS, 0.9 * MS)
+    feed(h, 1 + H.PROBE_BATCHES, 0.3 * MS, 0.3 * MS, 0.25 * MS, made_here=True)
+    assert h._phase == "confirm"
+    feed(h, H.PROBE_BATCHES, 0.58 * MS, 0.5 * MS, 5 * MS)  # changed again: decided as it is
+    assert h._phase == "handover" and not h.to_workers
 
 
 def test_work_that_gets_cheaper_is_looked_at_only_while_workers_keep_the_batches():

@@ -36,7 +36,10 @@ both ways and keeps the faster:
    be a slowdown). The first measure may have been taken while the data was cold (a page
    cache filling, the kernel's readahead of a pack under way), and a consumer probed after
    it then looks faster for the warmer data, not for making batches itself: on a cold pack
-   of JPEGs that kept two decoding threads' batches in one thread for a whole epoch. It is
+   of JPEGs that kept two decoding threads' batches in one thread for a whole epoch. Where
+   the workers' batches now take ``WORK_DROP`` times more or less work than at their first
+   measure, the probe may have made batches of the old cost, and both ways are measured
+   again (once a decision). It is
    still deciding while the workers' batches in flight arrive, until the consumer makes one;
 4. the faster way is kept for at least ``RECHECK_BATCHES`` batches and
    ``RECHECK_SECONDS``, then measured again (the data, a cache or the machine's load
@@ -166,6 +169,7 @@ class MeasuredHandoff:
         self._watch_drift = True  # off after a drift was seen, until the next recheck
         self._drifted = 0  # looks at the way kept in a row that found it drifted
         self._settle = 0  # batches still to skip before the phase's cycles count
+        self._may_restart = True  # a confirm may measure again once, where the batches changed cost
         self._workers_work = 0.0  # the work a batch took the workers, as last measured
         self._kept_work = 0.0  # that work when the way kept was picked
         self._works: list[float] = []  # the work of each batch since the last look at it (workers kept)
@@ -336,7 +340,15 @@ class MeasuredHandoff:
             return
         cycles, works = self._again.columns()
         again = self._again_cycle = self._workers_cycle(cycles, works)
-        self._workers_work = statistics.fmean(works)
+        work, self._workers_work = self._workers_work, statistics.fmean(works)
+        if self._may_restart and max(work, self._workers_work) > WORK_DROP * min(work, self._workers_work):
+            # the batches changed cost since the workers' first measure (a MemoryCache filled
+            # in between): the consumer's probe may have made batches of the old cost, and 2
+            # threads copying cached JPEGs at 0.58 ms a batch beat a probe that had decoded
+            # them at 3.5 ms. Once a decision: a cost that keeps changing is decided as it is
+            self._may_restart = False
+            self._start_measuring()
+            return
         if again <= CONFIRM_MARGIN * self._here_cycle:
             self._keep(to_workers=True, cycle=again, rival=self._here_cycle)
         else:
@@ -354,6 +366,7 @@ class MeasuredHandoff:
         self._recent = _Cycles()  # cycles since the last look at the drift
         self._drifted = 0
         self._kept_work, self._works = self._workers_work, []
+        self._may_restart = True
         self._refill = 0  # batches of an epoch's start not looked at for a drift
 
 
