@@ -173,7 +173,7 @@ def test_workers_kept_are_measured_again_once_their_batches_take_much_less_work(
     h = measured(settle=0)
     feed(h, H.PROBE_BATCHES, 3 * MS, 10 * US, 3 * MS)  # decoding: the workers hide the work
     assert h._phase == "keep" and h.to_workers
-    feed(h, 2 * H.PROBE_BATCHES, 1.6 * MS, 10 * US, 1.6 * MS)  # a little less than half as cheap
+    feed(h, 2 * H.PROBE_BATCHES, 1.6 * MS, 10 * US, 1.6 * MS)  # not quite half the work
     assert h._phase == "keep"
     feed(h, H.PROBE_BATCHES - 1, 50 * US, 40 * US, 40 * US)  # cached
     assert h._phase == "keep"  # a whole window is needed
@@ -221,6 +221,8 @@ def test_a_cost_that_keeps_changing_is_decided_after_one_more_measure():
 
 
 def test_work_that_gets_cheaper_is_looked_at_only_while_workers_keep_the_batches():
+    """A consumer kept is measured again when it drifts slower; cheaper batches of its own
+    only make it faster."""
     h = measured(settle=0)
     feed(h, H.PROBE_BATCHES, 30 * US, 25 * US, 10 * US)
     feed(h, 1 + H.PROBE_BATCHES, 10 * US, 10 * US, 10 * US, made_here=True)

@@ -56,9 +56,11 @@ def test_batches_come_out_in_plan_order_whatever_order_they_finish(order):
 
 
 class PlanWatchingPool(ScriptedPool):
-    """Records, at each submit, how many batches the run had planned (put in its window)."""
+    """Records, at each submit, how many batches its run (``run``) had planned (put in its window)."""
 
-    run = None
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.run, self.planned = None, []
 
     def submit(self, task):
         self.planned.append(self.run.next_to_plan)
@@ -71,7 +73,6 @@ def test_the_idle_workers_first_tasks_go_before_the_rest_of_the_window_is_planne
     the rest of the window: planning a whole window first (249 batches of npy pairs, ~1.7 ms)
     left every worker idle that long at each epoch's start."""
     pool = PlanWatchingPool(workers=2)
-    pool.planned = []
     grouping = Grouping(size=size, workers=2, grows_window=True)
     pool.run = epoch_run(pool, 400, 4, prefetch=10, grouping=grouping)
     outcomes = list(pool.run)
