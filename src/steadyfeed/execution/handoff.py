@@ -170,8 +170,9 @@ class MeasuredHandoff:
         self._drifted = 0  # looks at the way kept in a row that found it drifted
         self._settle = 0  # batches still to skip before the phase's cycles count
         self._may_restart = True  # a confirm may measure again once, where the batches changed cost
-        self._workers_work = 0.0  # the work a batch took the workers, as last measured
-        self._kept_work = 0.0  # that work when the way kept was picked
+        # the work a batch took the workers, as last measured (measures end the way kept: while
+        # one is kept, this is what it was picked on)
+        self._workers_work = 0.0
         self._works: list[float] = []  # the work of each batch since the last look at it (workers kept)
         self._start_measuring()
 
@@ -256,7 +257,7 @@ class MeasuredHandoff:
         self._works.append(work)
         if not self._measured_enough(self._works):
             return False
-        cheaper = statistics.fmean(self._works) * WORK_DROP < self._kept_work
+        cheaper = statistics.fmean(self._works) * WORK_DROP < self._workers_work
         self._works = []
         return cheaper
 
@@ -365,7 +366,7 @@ class MeasuredHandoff:
         self._drift_limit = DRIFT_RATIO * cycle if rival is None else DRIFT_MARGIN * max(rival, cycle)
         self._recent = _Cycles()  # cycles since the last look at the drift
         self._drifted = 0
-        self._kept_work, self._works = self._workers_work, []
+        self._works = []
         self._may_restart = True
         self._refill = 0  # batches of an epoch's start not looked at for a drift
 
