@@ -10,7 +10,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -370,33 +370,39 @@ class Loader:
         """What times a pool on ``epoch`` for ``auto.choose``: threads on the first half of its
         batches, processes on the second (data not yet in the page cache is then as cold for
         either: neither reads what the other brought in). None where a half is too short to
-        time a pool on (grouping learns a task's size first, ``auto.pace`` settles, then times)."""
+        time a pool on (grouping learns a task's size on its first batches)."""
         half = batches // 2
-        if half <= LEARN_BATCHES + auto.TRIAL_SETTLE_BATCHES + auto.TRIAL_MIN_BATCHES:
+        if half < LEARN_BATCHES + auto.TRIAL_MIN_BATCHES:
             return None
         first = {"thread": 0, "process": half}
         return lambda mode, workers: self._trial(epoch, first[mode], half, mode, workers)
 
     def _trial(self, epoch: int, start: int, batches: int, mode: Mode, workers: int) -> float | None:
-        """Batches a second that a pool of ``workers`` ``mode`` workers makes of at most
-        ``batches`` of ``epoch``'s batches from ``start`` on, handed out as iteration hands them
-        (``auto.pace``); made and dropped, as the probe's are, by a pool of its own that is shut
-        down after (None: not measured)."""
+        """Batches a second that a pool of ``workers`` ``mode`` workers makes of ``epoch``'s
+        ``batches`` batches from ``start`` on, run again and again (``auto.pace``: the first
+        run warms the pool up), handed out as iteration hands them; made and dropped, as the
+        probe's are, by a pool of its own that is shut down after (None: not measured)."""
         execution = dataclasses.replace(self.config.execution.resolved(self._unset_workers), workers=workers, mode=mode)
-        stats, grouping, pool, outcomes = LoaderStats(), make_grouping(execution, self.config.read.collate), None, None
+        stats, grouping, pool, passes = LoaderStats(), make_grouping(execution, self.config.read.collate), None, None
         try:
             pool = self._new_pool(execution, stats, stop_on_failure=True)
-            prefetch = execution.effective_prefetch
-            run = self._epoch_run(
-                pool, FixedHandoff(to_workers=True), self._plan(epoch), epoch, start, prefetch, stats, grouping
-            )
-            outcomes = iter(run)
-            return auto.pace(itertools.islice(outcomes, batches), lambda: not grouping.learning and pool.all_delivered)
+            plan, handoff, prefetch = self._plan(epoch), FixedHandoff(to_workers=True), execution.effective_prefetch
+
+            def runs() -> Generator[Iterable[Outcome], None, None]:
+                while True:  # each run ends (its tasks cancelled) before the next starts
+                    outcomes = iter(self._epoch_run(pool, handoff, plan, epoch, start, prefetch, stats, grouping))
+                    try:
+                        yield itertools.islice(outcomes, batches)
+                    finally:
+                        outcomes.close()
+
+            passes = runs()
+            return auto.pace(passes, lambda: not grouping.learning and pool.all_delivered)
         except Exception:  # noqa: BLE001 - the epoch meets it again, under the loader's on_error
             return None
         finally:
-            if outcomes is not None:
-                outcomes.close()
+            if passes is not None:
+                passes.close()
             if pool is not None:
                 pool.shutdown()
 

@@ -21,19 +21,25 @@ few more in two threads at once, and picks:
   in a notebook, see :func:`main_module_problem`).
 
   Where that rule picks processes for tasks that cost less than ``TRIAL_TASK_SECONDS``,
-  both pools are **timed** (``trial``) and the faster is kept: threads make the first half
-  of the epoch's batches, processes the second (on data not yet in the page cache, neither
-  reads what the other brought in), handed out as iteration hands them, each for up to
-  ``TRIAL_SECONDS`` once its tasks have their size and every worker has started
-  (:func:`pace`). For such tasks, what shipping one from a process costs is of the order
-  of what threads lose to the GIL, and the probe sees only the second: page-cached HDF5
-  rows in order (tasks of 8 batches, 2.3 ms) probed 0.64x on two threads, yet 2 threads
-  made them 1.4-1.7x as fast as 2 processes, a worker's read overlapping the consumer's
-  own work. Costlier tasks (JPEG: 8 batches, ~30 ms) are not timed.
+  both pools are **timed** (``trial``): threads on the first half of the epoch's batches,
+  processes on the second (on data not yet in the page cache, neither reads what the other
+  brought in), handed out as iteration hands them. Each pool makes its half once to warm up
+  (its workers started, its tasks' size learnt, a process worker's shared-memory slots made:
+  a task of 32 batches of npy pairs writes 50 MB of fresh pages, which about doubled the first
+  tasks' time; timed from there, 2 processes made 1.4-1.7x what 2 threads did, and 0.3x and
+  0.8x in two runs of one afternoon, against 1.65-1.75x in the epochs that followed), then is
+  timed over the same half again, for ``TRIAL_SECONDS`` (:func:`pace`). Processes are kept only when they made batches at least
+  ``PROCESS_MARGIN`` times as fast: the trial drains its batches, while a training step reads
+  every one, which costs more from a process's lent memory. For such tasks, what shipping one
+  from a process costs is of the order of what threads lose to the GIL, and the probe sees
+  only the second: page-cached HDF5 rows in order (tasks of 8 batches, 2.3 ms) probed 0.64x on
+  two threads, yet 2 threads made them 1.1-1.4x as fast as 2 processes under a consumer that
+  reads them, a worker's read overlapping the consumer's own work. Costlier tasks (JPEG: 8
+  batches, ~30 ms) are not timed.
 
 The probe's and the trial's batches are made and dropped: they cost a few batches of time,
-once (a trial: two stretches of up to ``TRIAL_SECONDS`` and one more start of process
-workers; an epoch too short to time two pools on keeps the rule's pick). Which workers make
+once (a trial: each pool's warm-up half and its ``TRIAL_SECONDS``, and one more start of
+process workers; an epoch too short to time two pools on keeps the rule's pick). Which workers make
 a batch never changes what it holds, so the choice shows only in speed and in
 ``Loader.stats()["auto"]`` (the choice, the measurements, and why). A probe that fails (a
 sample raises) stops there and picks threads, a trial that meets one times nothing and
@@ -44,6 +50,7 @@ loader's ``on_error``.
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import pickle
 import re
@@ -52,7 +59,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 
 from ..config import PREFETCH_PER_WORKER, Mode
@@ -81,12 +88,14 @@ MAIN_SCRIPT_BYTES = 1 << 20  # of the main script read for its guard
 # Shipping a task costs ~0.2-0.5 ms: under 1% of a JPEG task (~50 ms), 5-20% of one of HDF5
 # rows (2-4 ms) or npy pairs (6 ms), about what threads lose to the GIL or win by overlap
 TRIAL_TASK_SECONDS = 0.02
-TRIAL_SECONDS = 0.25  # each pool is timed this long at most (or to the end of its half of the epoch)
-# batches let by once a pool's tasks have their size, before the timing starts: tasks of one
-# batch sent while grouping learnt are still coming back (a window of 2 workers is 64 batches)
-TRIAL_SETTLE_BATCHES = 32
-TRIAL_MIN_BATCHES = 32  # fewer timed than this (a short epoch): no trial, the rule's pick stays
-
+TRIAL_SECONDS = 0.25  # each pool is timed at least this long, after its warm-up half
+TRIAL_MIN_BATCHES = 32  # and on at least this many batches
+# processes kept only when the trial timed them this many times as fast as threads. The trial
+# drains its batches; a consumer that reads them pays for memory another process wrote. Warm,
+# drained, 2 processes made npy pairs 2.3-2.6x as fast as 2 threads (1.65-1.75x read by the
+# consumer, and its batches summed), page-cached HDF5 rows in order 1.12-1.27x (threads ahead
+# 1.1x under the benchmark's check of every batch, 1.37x when the consumer sums each)
+PROCESS_MARGIN = 1.5
 
 @dataclass(frozen=True)
 class AutoChoice:
@@ -195,26 +204,44 @@ def _in_two_threads(make: Callable[[int], int], first: int) -> float | None:
 
 
 def pace(
-    outcomes: Iterable, steady: Callable[[], bool], clock: Callable[[], float] = time.perf_counter
+    passes: Iterator[Iterable], steady: Callable[[], bool], clock: Callable[[], float] = time.perf_counter
 ) -> float | None:
-    """Batches a second of ``outcomes`` (a pool's epoch run, in the order handed out), timed
-    from ``TRIAL_SETTLE_BATCHES`` after ``steady()`` first holds (the pool's tasks have their
-    size and every worker has started: a spawned worker that imports a framework with the
-    main script takes seconds, while the other makes every batch) until ``TRIAL_MIN_BATCHES`` and ``TRIAL_SECONDS`` have both passed, or to the end;
-    None where a batch failed or fewer than ``TRIAL_MIN_BATCHES`` came. The caller stops the run."""
-    settled, start, timed, now = 0, 0.0, 0, 0.0
-    for outcome in outcomes:
-        if outcome.failures or outcome.disagreement is not None or outcome.arrays is None:
-            return None  # the epoch meets it again, under the loader's on_error
-        now = clock()
-        if settled <= TRIAL_SETTLE_BATCHES:
-            settled += steady()
-            start = now
-            continue
-        timed += 1
+    """Batches a second a pool makes once warm. ``passes``: its runs over the same stretch of
+    an epoch's batches, again and again (each an iterable of outcomes, in the order handed
+    out). The first warms up: taken to its end, or ``TRIAL_SECONDS`` after ``steady()`` first
+    holds (the pool's tasks have their size and every worker has started: a spawned worker that
+    imports a framework with the main script takes seconds, while the other makes every batch).
+    Then the pool is timed from the next pass's start, over as many passes as it takes for
+    ``TRIAL_MIN_BATCHES`` and ``TRIAL_SECONDS`` to have both passed. None where a batch failed,
+    the pool never became steady, or the passes ran out first. The caller stops the runs."""
+    warm = _warm_up(next(passes, ()), steady, clock)
+    if not warm:
+        return None
+    start, timed, now = clock(), 0, 0.0
+    for outcome in itertools.chain.from_iterable(passes):
+        if _failed(outcome):
+            return None
+        now, timed = clock(), timed + 1
         if timed >= TRIAL_MIN_BATCHES and now - start >= TRIAL_SECONDS:
+            return timed / (now - start)
+    return None
+
+
+def _warm_up(outcomes: Iterable, steady: Callable[[], bool], clock: Callable[[], float]) -> bool:
+    """Takes a warm-up pass (see :func:`pace`); whether the pool is steady and nothing failed."""
+    since = None
+    for outcome in outcomes:
+        if _failed(outcome):
+            return False  # the epoch meets it again, under the loader's on_error
+        if since is None and steady():
+            since = clock()
+        elif since is not None and clock() - since >= TRIAL_SECONDS:
             break
-    return timed / (now - start) if timed >= TRIAL_MIN_BATCHES and now > start else None
+    return steady()
+
+
+def _failed(outcome) -> bool:
+    return bool(outcome.failures) or outcome.disagreement is not None or outcome.arrays is None
 
 
 def can_use_processes(ctx, unsupported: Callable[[Mode], str | None]) -> str | None:
@@ -325,12 +352,15 @@ def _timed(trial: Callable[[Mode, int], float | None], workers: int) -> dict[str
 
 def _faster(rates: dict[str, float], workers: int, reason: str) -> tuple[Mode, str]:
     timed = (
-        f"timed on halves of the epoch, {workers} thread(s) made {rates['thread']:,.0f} batches/s "
+        f"timed on halves of the epoch, warm, {workers} thread(s) made {rates['thread']:,.0f} batches/s "
         f"and {workers} process(es) {rates['process']:,.0f}"
     )
-    if rates["process"] > rates["thread"]:
+    if rates["process"] >= PROCESS_MARGIN * rates["thread"]:
         return "process", f"{reason}; {timed}"
-    return "thread", f"{reason}, but {timed}: shipping these cheap tasks from a process costs more than the GIL"
+    return "thread", (
+        f"{reason}, but {timed}: under {PROCESS_MARGIN:g}x, which a consumer reading its batches would not see, "
+        "shipping these cheap tasks from a process costs about what the GIL does"
+    )
 
 
 def _mode(
