@@ -97,6 +97,7 @@ TRIAL_MIN_BATCHES = 32  # and on at least this many batches
 # 1.1x under the benchmark's check of every batch, 1.37x when the consumer sums each)
 PROCESS_MARGIN = 1.5
 
+
 @dataclass(frozen=True)
 class AutoChoice:
     """What ``workers="auto"`` picked, from what it measured, and why (``stats()["auto"]``)."""
