@@ -135,7 +135,7 @@ def test_processes_are_kept_only_when_the_trial_times_them_clearly_faster(ratio,
     rates = {"thread": 4000.0, "process": 4000.0 * ratio}
     choice = auto.choose(HDF5_ROWS, 2, None, ALWAYS, grouping.batches_for, scripted_trial(rates)[0])
     assert choice.mode == mode and choice.trial == rates
-    assert (f"under {auto.PROCESS_MARGIN:g}x" in choice.reason) == (mode == "thread")
+    assert (f"processes under {auto.PROCESS_MARGIN:g}x as fast" in choice.reason) == (mode == "thread")
 
 
 def test_the_trial_times_the_workers_the_memory_budget_allows():

@@ -359,8 +359,8 @@ def _faster(rates: dict[str, float], workers: int, reason: str) -> tuple[Mode, s
     if rates["process"] >= PROCESS_MARGIN * rates["thread"]:
         return "process", f"{reason}; {timed}"
     return "thread", (
-        f"{reason}, but {timed}: under {PROCESS_MARGIN:g}x, which a consumer reading its batches would not see, "
-        "shipping these cheap tasks from a process costs about what the GIL does"
+        f"{reason}, but {timed}: processes under {PROCESS_MARGIN:g}x as fast, which a consumer that reads its "
+        "batches would not see (shipping these cheap tasks from a process costs about what the GIL does)"
     )
 
 
