@@ -130,8 +130,8 @@ def test_processes_picked_for_cheap_tasks_are_timed_against_threads_and_the_fast
 
 @pytest.mark.parametrize("ratio, mode", [(1.2, "thread"), (auto.PROCESS_MARGIN, "process")])
 def test_processes_are_kept_only_when_the_trial_times_them_clearly_faster(ratio, mode):
-    """The trial drains its batches: warm HDF5 rows ran 1.12-1.27x as fast on processes there,
-    yet threads were ahead under a consumer that reads its batches; npy pairs ran 2.3-2.6x."""
+    """The trial drains its batches: warm HDF5 rows ran 1.14-1.27x as fast on processes there,
+    yet threads were ahead under a consumer that sums its batches; npy pairs ran 1.9-2.7x."""
     rates = {"thread": 4000.0, "process": 4000.0 * ratio}
     choice = auto.choose(HDF5_ROWS, 2, None, ALWAYS, grouping.batches_for, scripted_trial(rates)[0])
     assert choice.mode == mode and choice.trial == rates

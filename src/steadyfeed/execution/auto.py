@@ -91,10 +91,10 @@ TRIAL_TASK_SECONDS = 0.02
 TRIAL_SECONDS = 0.25  # each pool is timed at least this long, after its warm-up half
 TRIAL_MIN_BATCHES = 32  # and on at least this many batches
 # processes kept only when the trial timed them this many times as fast as threads. The trial
-# drains its batches; a consumer that reads them pays for memory another process wrote. Warm,
-# drained, 2 processes made npy pairs 2.3-2.6x as fast as 2 threads (1.65-1.75x read by the
-# consumer, and its batches summed), page-cached HDF5 rows in order 1.12-1.27x (threads ahead
-# 1.1x under the benchmark's check of every batch, 1.37x when the consumer sums each)
+# drains its batches; a consumer that reads them pays more for memory another process wrote.
+# Warm, drained, 2 processes made npy pairs 1.9-2.7x as fast as 2 threads (1.65-1.75x in epochs
+# whose consumer read or summed them), page-cached HDF5 rows in order 1.14-1.27x (in epochs whose
+# consumer summed every batch, threads made them 1.37x as fast; docs/benchmarks.md)
 PROCESS_MARGIN = 1.5
 
 
