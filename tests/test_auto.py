@@ -377,7 +377,8 @@ def test_a_loader_times_both_pools_for_cheap_tasks_and_delivers_the_batches_of_w
     assert [set(starts) for starts in firsts] == [{0}, {100}] and min(map(len, firsts)) >= 2
     rates = picked["trial"]
     assert set(rates) == {"thread", "process"} and min(rates.values()) > 0
-    assert picked["mode"] == ("process" if rates["process"] > rates["thread"] else "thread") == stats["mode"]
+    faster = "process" if rates["process"] >= auto.PROCESS_MARGIN * rates["thread"] else "thread"
+    assert picked["mode"] == faster == stats["mode"]
     assert (
         "timed on halves of the epoch" in picked["reason"] and stats["batches"] == 400
     )  # the trial's batches are not counted

@@ -26,11 +26,12 @@ few more in two threads at once, and picks:
   brought in), handed out as iteration hands them. Each pool makes its half once to warm up
   (its workers started, its tasks' size learnt, a process worker's shared-memory slots made:
   a task of 32 batches of npy pairs writes 50 MB of fresh pages, which about doubled the first
-  tasks' time; timed from there, 2 processes made 1.4-1.7x what 2 threads did, and 0.3x and
+  tasks' time; timed from there, 2 processes made 1.0-1.8x what 2 threads did, and 0.3x and
   0.8x in two runs of one afternoon, against 1.65-1.75x in the epochs that followed), then is
-  timed over the same half again, for ``TRIAL_SECONDS`` (:func:`pace`). Processes are kept only when they made batches at least
-  ``PROCESS_MARGIN`` times as fast: the trial drains its batches, while a training step reads
-  every one, which costs more from a process's lent memory. For such tasks, what shipping one
+  timed over the same half again, for ``TRIAL_SECONDS`` (:func:`pace`). Processes are kept
+  only when they made batches at least ``PROCESS_MARGIN`` times as fast: the trial drains its
+  batches, while a training step reads every one, which costs more from a process's lent
+  memory. For such tasks, what shipping one
   from a process costs is of the order of what threads lose to the GIL, and the probe sees
   only the second: page-cached HDF5 rows in order (tasks of 8 batches, 2.3 ms) probed 0.64x on
   two threads, yet 2 threads made them 1.1-1.4x as fast as 2 processes under a consumer that
@@ -215,13 +216,12 @@ def pace(
     Then the pool is timed from the next pass's start, over as many passes as it takes for
     ``TRIAL_MIN_BATCHES`` and ``TRIAL_SECONDS`` to have both passed. None where a batch failed,
     the pool never became steady, or the passes ran out first. The caller stops the runs."""
-    warm = _warm_up(next(passes, ()), steady, clock)
-    if not warm:
+    if not _warm_up(next(passes, ()), steady, clock):
         return None
     start, timed, now = clock(), 0, 0.0
     for outcome in itertools.chain.from_iterable(passes):
         if _failed(outcome):
-            return None
+            return None  # the epoch meets it again, under the loader's on_error
         now, timed = clock(), timed + 1
         if timed >= TRIAL_MIN_BATCHES and now - start >= TRIAL_SECONDS:
             return timed / (now - start)
@@ -233,7 +233,7 @@ def _warm_up(outcomes: Iterable, steady: Callable[[], bool], clock: Callable[[],
     since = None
     for outcome in outcomes:
         if _failed(outcome):
-            return False  # the epoch meets it again, under the loader's on_error
+            return False
         if since is None and steady():
             since = clock()
         elif since is not None and clock() - since >= TRIAL_SECONDS:
