@@ -128,16 +128,6 @@ def test_processes_picked_for_cheap_tasks_are_timed_against_threads_and_the_fast
     assert "; timed on halves of the epoch" in processes.reason
 
 
-@pytest.mark.parametrize("ratio, mode", [(1.2, "thread"), (auto.PROCESS_MARGIN, "process")])
-def test_processes_are_kept_only_when_the_trial_times_them_clearly_faster(ratio, mode):
-    """The trial drains its batches: warm HDF5 rows ran 1.14-1.27x as fast on processes there,
-    yet threads were ahead under a consumer that sums its batches; npy pairs ran 1.9-2.7x."""
-    rates = {"thread": 4000.0, "process": 4000.0 * ratio}
-    choice = auto.choose(HDF5_ROWS, 2, None, ALWAYS, grouping.batches_for, scripted_trial(rates)[0])
-    assert choice.mode == mode and choice.trial == rates
-    assert (f"processes under {auto.PROCESS_MARGIN:g}x as fast" in choice.reason) == (mode == "thread")
-
-
 def test_the_trial_times_the_workers_the_memory_budget_allows():
     trial, asked = scripted_trial({"thread": 2.0, "process": 1.0})
     choice = auto.choose(
@@ -377,8 +367,7 @@ def test_a_loader_times_both_pools_for_cheap_tasks_and_delivers_the_batches_of_w
     assert [set(starts) for starts in firsts] == [{0}, {100}] and min(map(len, firsts)) >= 2
     rates = picked["trial"]
     assert set(rates) == {"thread", "process"} and min(rates.values()) > 0
-    faster = "process" if rates["process"] >= auto.PROCESS_MARGIN * rates["thread"] else "thread"
-    assert picked["mode"] == faster == stats["mode"]
+    assert picked["mode"] == ("process" if rates["process"] > rates["thread"] else "thread") == stats["mode"]
     assert (
         "timed on halves of the epoch" in picked["reason"] and stats["batches"] == 400
     )  # the trial's batches are not counted

@@ -30,6 +30,7 @@ from steadyfeed.execution.grouping import (
     split,
 )
 from steadyfeed.execution.pool import TASKS_PER_WORKER
+from steadyfeed.execution.protocol import Done
 from steadyfeed.execution.task import Stage, StatusSlot, WorkContext
 from steadyfeed.sampling.plan import BatchSpec
 
@@ -221,6 +222,28 @@ def test_a_group_short_of_its_size_waits_only_while_the_workers_have_work(worker
     outcomes = epoch_of(pool, 40, 4, 3, prefetch=prefetch)
     assert [o[0] for o in outcomes] == list(range(10))
     assert sum(batches_in_tasks(pool)) == 40
+
+
+class WorkersAhead(ScriptedPool):
+    """Workers faster than the consumer: every task sent is done by the next drain."""
+
+    def drain(self):
+        done = [Done(self.finish(task)) for task in self.pending]
+        self.pending.clear()
+        return done
+
+
+def test_a_consumer_slower_than_its_workers_gets_whole_tasks():
+    """Its window is full of ready batches and frees one place a batch taken, while both
+    workers sit idle: a place sent at once would make every task one batch (2 processes, a
+    1 ms training step: half the batches then copied out of slots instead of lent)."""
+    source = paired_source(400)
+    pool = WorkersAhead(finish=lambda task: run_batch(task, context(source), StatusSlot([-1, -1, 0.0])))
+    grouping = Grouping(4, workers=2, grows_window=True)  # a window of 8 tasks of 4
+    outcomes = epoch_of(pool, 400, 4, 4, prefetch=8, grouping=grouping)
+    assert outcomes == epoch_of(DeferredPool(context(source), "fifo"), 400, 4, 1, prefetch=8)
+    batches = [len(task.spec.ids) // 4 for task in pool.submitted]
+    assert sum(batches) == 100 and batches.count(4) >= 24  # whole tasks but for the epoch's last few
 
 
 @settings(max_examples=60, deadline=None)

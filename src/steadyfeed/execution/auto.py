@@ -28,15 +28,12 @@ few more in two threads at once, and picks:
   a task of 32 batches of npy pairs writes 50 MB of fresh pages, which about doubled the first
   tasks' time; timed from there, 2 processes made 1.0-1.8x what 2 threads did, and 0.3x and
   0.8x in two runs of one afternoon, against 1.65-1.75x in the epochs that followed), then is
-  timed over the same half again, for ``TRIAL_SECONDS`` (:func:`pace`). Processes are kept
-  only when they made batches at least ``PROCESS_MARGIN`` times as fast: the trial drains its
-  batches, while a training step reads every one, which costs more from a process's lent
-  memory. For such tasks, what shipping one
-  from a process costs is of the order of what threads lose to the GIL, and the probe sees
-  only the second: page-cached HDF5 rows in order (tasks of 8 batches, 2.3 ms) probed 0.64x on
-  two threads, yet 2 threads made them 1.1-1.4x as fast as 2 processes under a consumer that
-  reads them, a worker's read overlapping the consumer's own work. Costlier tasks (JPEG: 8
-  batches, ~30 ms) are not timed.
+  timed over the same half again, for ``TRIAL_SECONDS`` (:func:`pace`), and the faster is
+  kept. For such tasks, what shipping one from a process costs is of the order of what threads
+  lose to the GIL or win by overlap (a worker's read beside the consumer's own work), and the
+  probe sees only the GIL: page-cached HDF5 rows in order (2.3 ms a task of 8 batches) probed
+  0.64x on two threads, and once made 2 threads 1.4-1.7x as fast as 2 processes; the trial
+  weighs both. Costlier tasks (JPEG: 8 batches, ~30 ms) are not timed.
 
 The probe's and the trial's batches are made and dropped: they cost a few batches of time,
 once (a trial: each pool's warm-up half and its ``TRIAL_SECONDS``, and one more start of
@@ -91,12 +88,6 @@ MAIN_SCRIPT_BYTES = 1 << 20  # of the main script read for its guard
 TRIAL_TASK_SECONDS = 0.02
 TRIAL_SECONDS = 0.25  # each pool is timed at least this long, after its warm-up half
 TRIAL_MIN_BATCHES = 32  # and on at least this many batches
-# processes kept only when the trial timed them this many times as fast as threads. The trial
-# drains its batches; a consumer that reads them pays more for memory another process wrote.
-# Warm, drained, 2 processes made npy pairs 1.9-2.7x as fast as 2 threads (1.65-1.75x in epochs
-# whose consumer read or summed them), page-cached HDF5 rows in order 1.14-1.27x (in epochs whose
-# consumer summed every batch, threads made them 1.37x as fast; docs/benchmarks.md)
-PROCESS_MARGIN = 1.5
 
 
 @dataclass(frozen=True)
@@ -356,12 +347,9 @@ def _faster(rates: dict[str, float], workers: int, reason: str) -> tuple[Mode, s
         f"timed on halves of the epoch, warm, {workers} thread(s) made {rates['thread']:,.0f} batches/s "
         f"and {workers} process(es) {rates['process']:,.0f}"
     )
-    if rates["process"] >= PROCESS_MARGIN * rates["thread"]:
+    if rates["process"] > rates["thread"]:
         return "process", f"{reason}; {timed}"
-    return "thread", (
-        f"{reason}, but {timed}: processes under {PROCESS_MARGIN:g}x as fast, which a consumer that reads its "
-        "batches would not see (shipping these cheap tasks from a process costs about what the GIL does)"
-    )
+    return "thread", f"{reason}, but {timed}: shipping these cheap tasks from a process costs more than the GIL"
 
 
 def _mode(

@@ -238,7 +238,12 @@ class EpochRun:
         """The batches the next task holds: the oldest to submit and, while grouping, the fresh
         batches after it, up to ``grouping.size_at`` (smaller at the epoch's end). A group short
         of that size waits for more (None) unless the plan has no more, the consumer waits for
-        its first batch, or a worker has nothing to do: then it goes as it is."""
+        its first batch, or a worker has nothing to do while fewer than a task's worth of batches
+        are ready: then it goes as it is. A consumer slower than its workers keeps the window full
+        of ready batches and frees one place at a time; sent at once to an idle worker, each
+        would be a task of one batch (2 processes, HDF5 rows, a 1 ms training step: tasks of
+        one, and half the batches copied out of slots instead of lent), while the ready ones
+        cover the wait for a whole task."""
         first = self.to_submit[0]
         if not self.grouping.active or not self._fresh(first):
             return [first]
@@ -246,9 +251,9 @@ class EpochRun:
         group = [first]
         while len(group) < size and self._fresh(group[-1] + 1):
             group.append(group[-1] + 1)
-        if len(group) == size or self.next_to_plan >= len(self.plan):
+        if len(group) == size or self.next_to_plan >= len(self.plan) or first == self.next_to_yield:
             return group
-        return group if first == self.next_to_yield or self.pool.idle_workers() > 0 else None
+        return group if self.pool.idle_workers() > 0 and len(self.ready) < size else None
 
     def _group_task(self, group: list[int]) -> BatchTask:
         """One task for the fresh batches ``group`` (the oldest in ``to_submit``)."""
