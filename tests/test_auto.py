@@ -125,7 +125,7 @@ def test_processes_picked_for_cheap_tasks_are_timed_against_threads_and_the_fast
     trial, _ = scripted_trial({"thread": 3000.0, "process": 7000.0})
     processes = auto.choose(HDF5_ROWS, 2, None, ALWAYS, grouping.batches_for, trial)
     assert processes.mode == "process" and processes.trial == {"thread": 3000.0, "process": 7000.0}
-    assert "; timed on halves of the epoch" in processes.reason
+    assert "; timed warm on the epoch's first half" in processes.reason
 
 
 def test_the_trial_times_the_workers_the_memory_budget_allows():
@@ -356,20 +356,30 @@ def test_a_loader_times_both_pools_for_cheap_tasks_and_delivers_the_batches_of_w
         return real_pace((watched(run) for run in passes), steady)
 
     monkeypatch.setattr(auto, "pace", pace)
-    src = paired_source(800)  # 200 batches: each half enough to learn a task's size and time
+    runs, real_run = [], Loader._epoch_run  # each run's plan: its batches and where it starts
+
+    def epoch_run(self, pool, handoff, plan, epoch, start, *rest, **options):
+        runs.append((len(plan), start))
+        return real_run(self, pool, handoff, plan, epoch, start, *rest, **options)
+
+    monkeypatch.setattr(Loader, "_epoch_run", epoch_run)
+    src = paired_source(800)  # 200 batches: a half enough to learn a task's size and time
     options = dict(shuffle=True, seed=3, transform=noisy, with_ids=True)
     with Loader(src, 4, **options) as plain:
         expected = [epoch_digest(plain.epoch(e)) for e in range(2)]
     with Loader(src, 4, workers="auto", **options) as loader:
         assert [epoch_digest(loader.epoch(e)) for e in range(2)] == expected
         picked, stats = loader.stats()["auto"], loader.stats()
-    # threads on the first half, processes on the second: warmed up on it, then timed on it again
-    assert [set(starts) for starts in firsts] == [{0}, {100}] and min(map(len, firsts)) >= 2
+    # both pools on the first half: warmed up on it, then timed on it again; a run's plan ends
+    # there (its window would send workers batches past it, which no run takes)
+    assert [set(starts) for starts in firsts] == [{0}, {0}] and min(map(len, firsts)) >= 2
+    trial_runs = [run for run in runs if run[0] != 200]  # the epochs' and the probe's plans hold all 200
+    assert trial_runs == [(100, 0)] * sum(map(len, firsts))
     rates = picked["trial"]
     assert set(rates) == {"thread", "process"} and min(rates.values()) > 0
     assert picked["mode"] == ("process" if rates["process"] > rates["thread"] else "thread") == stats["mode"]
     assert (
-        "timed on halves of the epoch" in picked["reason"] and stats["batches"] == 400
+        "timed warm on the epoch's first half" in picked["reason"] and stats["batches"] == 400
     )  # the trial's batches are not counted
 
 

@@ -21,15 +21,15 @@ few more in two threads at once, and picks:
   in a notebook, see :func:`main_module_problem`).
 
   Where that rule picks processes for tasks that cost less than ``TRIAL_TASK_SECONDS``,
-  both pools are **timed** (``trial``): threads on the first half of the epoch's batches,
-  processes on the second (on data not yet in the page cache, neither reads what the other
-  brought in), handed out as iteration hands them. Each pool makes its half once to warm up
-  (its workers started, its tasks' size learnt, a process worker's shared-memory slots made:
-  a task of 32 batches of npy pairs writes 50 MB of fresh pages, which about doubled the first
-  tasks' time; timed from there, 2 processes made 1.0-1.8x what 2 threads did, and 0.3x and
-  0.8x in two runs of one afternoon, against 1.65-1.75x in the epochs that followed), then is
-  timed over the same half again, for ``TRIAL_SECONDS`` (:func:`pace`), and the faster is
-  kept. For such tasks, what shipping one from a process costs is of the order of what threads
+  both pools are **timed** (``trial``) on the first half of the epoch's batches, threads
+  first, handed out as iteration hands them. Each pool makes the half once to warm up (its
+  workers started, its tasks' size learnt, a process worker's shared-memory slots made: a
+  task of 32 batches of npy pairs writes 50 MB of fresh pages, which about doubled the first
+  tasks' time; timed from there, 2 processes made 1.0-1.8x what 2 threads did, against
+  1.65-1.75x in the epochs that followed), then is timed over it again, for ``TRIAL_SECONDS``
+  (:func:`pace`), and the faster is kept. Both are timed on data they read once already,
+  however much of it the page cache holds: timed on the second half, where the page cache
+  held only the first, 2 processes made 112 batches/s against 2 threads' 829 on the first. For such tasks, what shipping one from a process costs is of the order of what threads
   lose to the GIL or win by overlap (a worker's read beside the consumer's own work), and the
   probe sees only the GIL: page-cached HDF5 rows in order (2.3 ms a task of 8 batches) probed
   0.64x on two threads, and once made 2 threads 1.4-1.7x as fast as 2 processes; the trial
@@ -344,7 +344,7 @@ def _timed(trial: Callable[[Mode, int], float | None], workers: int) -> dict[str
 
 def _faster(rates: dict[str, float], workers: int, reason: str) -> tuple[Mode, str]:
     timed = (
-        f"timed on halves of the epoch, warm, {workers} thread(s) made {rates['thread']:,.0f} batches/s "
+        f"timed warm on the epoch's first half, {workers} thread(s) made {rates['thread']:,.0f} batches/s "
         f"and {workers} process(es) {rates['process']:,.0f}"
     )
     if rates["process"] > rates["thread"]:
