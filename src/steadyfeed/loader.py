@@ -388,11 +388,8 @@ class Loader:
         stats, grouping, pool, passes = LoaderStats(), make_grouping(execution, self.config.read.collate), None, None
         try:
             pool = self._new_pool(execution, stats, stop_on_failure=True)
-            plan, handoff, prefetch = (
-                self._plan(epoch)[:batches],
-                FixedHandoff(to_workers=True),
-                execution.effective_prefetch,
-            )
+            plan = self._plan(epoch)[:batches]  # the stretch alone (see above): a list of its batches
+            handoff, prefetch = FixedHandoff(to_workers=True), execution.effective_prefetch
 
             def runs() -> Generator[Iterator[Outcome], None, None]:
                 while True:  # each run ends (its tasks cancelled) before the next starts
