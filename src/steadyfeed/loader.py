@@ -465,10 +465,30 @@ class Loader:
 
     # -- delivery and failure policy ---------------------------------------------------
     def _deliver(self, outcome: Outcome, epoch: int, planned: int, skipped_before: int) -> dict | None:
+        if outcome.failures:
+            self._take_failures(outcome, epoch, planned, skipped_before)
+        self._stats.add_stages(outcome.timings)
+        if outcome.disagreement is not None:  # no sample's failure: raised under any on_error, in plan order
+            raise collate_error(outcome.disagreement, self.source, epoch, outcome.spec.index)
+        batch = outcome.arrays
+        if batch is None:
+            return None
+        self._stats.batches += 1
+        self._stats.pack_batches += self._reader is not self.source
+        real = batch["id"][batch["mask"] > 0] if "mask" in batch else batch["id"]
+        self._stats.samples += len(real)
+        self._stats.count_components(self.source, real, ())
+        return self._public(batch)
+
+    def _take_failures(self, outcome: Outcome, epoch: int, planned: int, skipped_before: int) -> None:
+        """A batch's failed samples: raised (``on_error="raise"``), or quarantined and counted,
+        raising once more of the epoch failed than ``max_error_fraction`` allows."""
         spec = outcome.spec
         failures = [f for f in outcome.failures if f.position < spec.num_real]  # fillers fail elsewhere too
+        if not failures:
+            return
         policy = self.config.failure
-        if failures and policy.on_error == "raise":
+        if policy.on_error == "raise":
             raise self._sample_error(failures[0], epoch, spec.index)
         for failure in failures:
             self._quarantine.add(
@@ -491,18 +511,6 @@ class Loader:
                 f"max_error_fraction={policy.max_error_fraction}; last: sample {failures[-1].sample_id}: "
                 f"{failures[-1].error_type}: {failures[-1].message}. See loader.quarantine_report()."
             )
-        self._stats.add_stages(outcome.timings)
-        if outcome.disagreement is not None:  # no sample's failure: raised under any on_error, in plan order
-            raise collate_error(outcome.disagreement, self.source, epoch, spec.index)
-        batch = outcome.arrays
-        if batch is None:
-            return None
-        self._stats.batches += 1
-        self._stats.pack_batches += self._reader is not self.source
-        real = batch["id"][batch["mask"] > 0] if "mask" in batch else batch["id"]
-        self._stats.samples += len(real)
-        self._stats.count_components(self.source, real, ())
-        return self._public(batch)
 
     def _sample_error(self, failure: SampleFailure, epoch: int, batch_index: int) -> SampleError:
         where = locate(self.source, failure.sample_id)

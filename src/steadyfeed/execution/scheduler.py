@@ -188,11 +188,8 @@ class EpochRun:
             batch.task = replace(batch.task, task_id=task_id, shm_name=None)
         return batch
 
-    def _admits(self) -> bool:
-        """Room in the window for one more batch: by count (prefetch) and by bytes (the budget)."""
-        window = self.prefetch * self.grouping.window_factor
-        if self.next_to_plan >= len(self.plan) or self.next_to_plan - self.next_to_yield >= window:
-            return False
+    def _within_budget(self) -> bool:
+        """Room in the window for one more batch by bytes (the budget; by count, ``_fill_window``)."""
         if self.budget.limit is None:
             return True
         ready_bytes = sum(batch_bytes(outcome.arrays) for outcome in self.ready.values())
@@ -211,9 +208,12 @@ class EpochRun:
         self._submit_ready_tasks()
 
     def _fill_window(self, limit: int | None = None) -> None:
-        """Admit batches while the window has room (at most ``limit`` of them)."""
-        stop = len(self.plan) if limit is None else self.next_to_plan + limit
-        while self.next_to_plan < stop and self._admits():
+        """Admit batches while the window has room (at most ``limit`` of them): ``prefetch``
+        batches (times ``grouping.window_factor``) from the next to hand out, within the budget."""
+        stop = min(len(self.plan), self.next_to_yield + self.prefetch * self.grouping.window_factor)
+        if limit is not None:
+            stop = min(stop, self.next_to_plan + limit)
+        while self.next_to_plan < stop and self._within_budget():
             index = self.next_to_plan
             spec = self.plan[index]
             self.batches[index] = _Batch(spec)
@@ -248,12 +248,20 @@ class EpochRun:
         if not self.grouping.active or not self._fresh(first):
             return [first]
         size = self.grouping.size_at(len(self.plan) - first)
+        # the batches planned after it bound the group: a consumer that takes ready batches while
+        # a group fills asks at each, and walking the group then cost it ~10 us a batch (HDF5 rows)
+        if self.next_to_plan - first < size and not self._goes_short(first, size):
+            return None
         group = [first]
         while len(group) < size and self._fresh(group[-1] + 1):
             group.append(group[-1] + 1)
-        if len(group) == size or self.next_to_plan >= len(self.plan) or first == self.next_to_yield:
-            return group
-        return group if self.pool.idle_workers() > 0 and len(self.ready) < size else None
+        return group if len(group) == size or self._goes_short(first, size) else None
+
+    def _goes_short(self, first: int, size: int) -> bool:
+        """Whether a group from ``first`` short of ``size`` batches goes as it is (``_group_at_front``)."""
+        if self.next_to_plan >= len(self.plan) or first == self.next_to_yield:
+            return True
+        return self.pool.idle_workers() > 0 and len(self.ready) < size
 
     def _group_task(self, group: list[int]) -> BatchTask:
         """One task for the fresh batches ``group`` (the oldest in ``to_submit``)."""
@@ -295,11 +303,12 @@ class EpochRun:
         specs = [self.batches[i].spec for i in group]
         if result.arrays is not None and not result.failures and result.disagreement is None:
             timings = {stage: seconds / len(group) for stage, seconds in result.timings.items()}
-            learnt = False
-            for index, arrays in zip(group, split(result.arrays, specs)):
-                self.ready[index] = Outcome(self.batches[index].spec, arrays, [], dict(timings))
-                learnt = self.budget.learn(batch_bytes(arrays)) or learnt
-            if learnt:
+            batches = split(result.arrays, specs)
+            for index, spec, arrays in zip(group, specs, batches):
+                self.ready[index] = Outcome(spec, arrays, [], dict(timings))
+            # the largest of them teaches the budget what each would (a batch's bytes are its rows')
+            largest = max(range(len(specs)), key=lambda k: len(specs[k].ids))
+            if self.budget.learn(batch_bytes(batches[largest])):
                 self._fill_window()
             return
         if result.disagreement is not None:
