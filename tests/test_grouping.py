@@ -126,6 +126,15 @@ def test_the_last_tasks_of_an_epoch_shrink_to_a_share_of_the_rest_per_worker():
     assert [Grouping(8, workers=3).size_at(r) for r in (100, 24, 23, 7, 3, 1)] == [8, 8, 8, 3, 1, 1]
 
 
+def test_a_group_teaches_the_byte_budget_its_largest_batch():
+    """A group's batches arrive together and teach the budget once: the largest of them, as
+    each made alone would have (the group that ends the plan holds its short last batch)."""
+    run = epoch_run(DeferredPool(context(paired_source(6))), 6, 4, prefetch=8, grouping=Grouping(2))
+    outcomes = list(run)
+    assert [len(o.arrays["id"]) for o in outcomes] == [4, 2]
+    assert run.budget.largest == sum(a.nbytes for a in outcomes[0].arrays.values())
+
+
 @pytest.mark.parametrize("stop_on_failure", [False, True])
 def test_a_sample_failing_in_a_group_fails_once_and_the_other_batches_are_made_alone(stop_on_failure):
     source = FaultySource(40, fail={13, 14, 27})
