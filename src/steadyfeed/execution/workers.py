@@ -218,12 +218,17 @@ class ProcessWorker:
     def sentinel(self):
         return self.process.sentinel
 
+    def held_slots(self) -> set[str]:
+        """This worker's slots that the consumer holds: a lent batch is alive in each, or a task
+        sent is to write one to be lent (``shm.ConsumerSlots``)."""
+        return self._consumer_slots.held(self.slot_names)
+
     def with_free_slot(self, task: BatchTask, lend: bool) -> BatchTask:
         """``task`` writing into a slot of this worker's that no outstanding task names and no
         lent batch holds. Its batch is to be lent (``shm.ConsumerSlots``) when ``lend`` and fewer
         than ``shm.LENT_SLOTS`` of these slots are held, else copied out; ``slots`` (at least
         ``shm.LENT_SLOTS`` more than the tasks a worker has at once) leaves a free one either way."""
-        held = self._consumer_slots.held(self.slot_names)
+        held = self.held_slots()
         busy = held.union(t.shm_name for t in self.outstanding.values())
         # slots never named yet come first: a worker's first tasks make all of its slots, so how
         # many it has (in /dev/shm) never depends on how many batches the consumer happens to hold
