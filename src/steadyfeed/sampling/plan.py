@@ -125,8 +125,8 @@ class EpochPlan:
             ids = self.order.take(positions)
         return BatchSpec(
             index=index,
-            ids=ids,
-            draws=self._draws_at(positions) if self._draws else None,
+            ids=ids.copy(),  # the caller's own: a source may sort the ids it is given
+            draws=self._draws_at(positions).copy() if self._draws else None,
             pad_to=self.batch_size if self.last_batch == "pad" else None,
             num_real=num_real,
         )
@@ -139,7 +139,8 @@ class EpochPlan:
     def _block_for(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Ids and order positions of this shard's positions ``lo..hi-1``, computed a block of
         about ``BLOCK_IDS`` positions at a time: one vectorised pass over the order serves many
-        batches (the order's cost is per call more than per id). Constant memory: one block."""
+        batches (the order's cost is per call more than per id). Constant memory: one block,
+        of which these are views (the caller copies what it keeps)."""
         block = self._block  # one read: a tuple replaced whole, never changed in place
         if block is None or not block[0] <= lo < hi <= block[1]:
             start = lo
@@ -148,7 +149,7 @@ class EpochPlan:
             positions = self.order_positions(self.shard_index + self.shard_count * local)
             block = self._block = (start, stop, self.order.take(positions), positions)
         start = block[0]
-        return block[2][lo - start : hi - start].copy(), block[3][lo - start : hi - start].copy()
+        return block[2][lo - start : hi - start], block[3][lo - start : hi - start]
 
     def __iter__(self):
         return (self[i] for i in range(self.num_batches))
