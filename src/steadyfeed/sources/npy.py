@@ -124,8 +124,13 @@ class _Folder(NamedTuple):
             if self.fd is None:
                 return os.open(self.prefix + name, os.O_RDONLY)
             return os.open(name, os.O_RDONLY, dir_fd=self.fd)
-        except OSError as exc:  # named as the user knows the file, not relative to a descriptor
-            raise OSError(exc.errno, exc.strerror, self.path_of(name)) from None
+        except OSError as exc:
+            raise self.error(exc, name) from None
+
+    def error(self, exc: OSError, name: bytes) -> OSError:
+        """``exc`` as it names file ``name``: the full path, as the user knows the file, not a
+        name relative to a descriptor."""
+        return OSError(exc.errno, exc.strerror, self.path_of(name))
 
     def path_of(self, name: bytes) -> str:
         return os.path.join(self.path, os.fsdecode(name))
@@ -185,17 +190,23 @@ def _read_stack(folder: _Folder, names: list[bytes], first: _Layout, out: np.nda
     # rows as slices of one memoryview: a third of a numpy row view's cost, paid for every file
     flat = memoryview(out.reshape(len(names), -1).view(np.uint8)).cast("B")  # type: ignore[arg-type]
     scratch, past_end = bytearray(first.offset), bytearray(1)
-    size, width = first.offset + first.nbytes, first.nbytes
-    for row, name in enumerate(names):
-        fd = folder.open(name)
+    size, width, header = first.offset + first.nbytes, first.nbytes, first.header
+    # the system calls bound once and made here, not through folder.open: 0.6 us less a pair of
+    # files, of 15.6 (2 processes reading npy pairs spend nearly all their time in this loop)
+    open_file, preadv, close, flags = os.open, os.preadv, os.close, os.O_RDONLY
+    dir_fd, prefix = folder.fd, folder.prefix
+    at = 0
+    for name in names:
         try:
-            if (
-                os.preadv(fd, [scratch, flat[row * width : (row + 1) * width], past_end], 0) != size
-                or scratch != first.header
-            ):
-                _read_row_checked(fd, folder.path_of(name), out, row, first)
+            fd = open_file(name, flags, dir_fd=dir_fd) if dir_fd is not None else open_file(prefix + name, flags)
+        except OSError as exc:
+            raise folder.error(exc, name) from None
+        try:
+            if preadv(fd, [scratch, flat[at : at + width], past_end], 0) != size or scratch != header:
+                _read_row_checked(fd, folder.path_of(name), out, at // width, first)
         finally:
-            os.close(fd)
+            close(fd)
+        at += width
     return out
 
 
