@@ -262,9 +262,13 @@ def test_the_window_opens_once_the_loader_has_decided_who_makes_batches(no_leaks
     loader = Loader(ArraySource(x=x, y=x.sum(axis=1)), 8)
     m = measure(loader, Setting(2, "thread"), max_batches=40)
     # cheap batches: the loader probes making them itself (some dozens of batches) first; the
-    # window holds only what it decided, all made one way, never the probe's mix
+    # window holds only what it decided, all made one way, never the probe's mix. A decision
+    # that outlasts the warm-up's cap opens the window anyway, as documented: on a loaded
+    # machine (two CPU hogs beside it) the probe's way took 550 to 600+ batches, and a window
+    # opened at the cap held 5 to 32 of 40 made inline
     assert m.ok and m.batches == 40 and 2 < m.warmup_batches <= 2 + WARMUP_WHILE_DECIDING
-    assert m.inline_batches in (0, m.batches)
+    decided = m.warmup_batches < 2 + WARMUP_WHILE_DECIDING
+    assert m.inline_batches in (0, m.batches) or not decided
     quick = measure(Loader(ArraySource(x=x[:160], y=x[:160, 0]), 8, batches_per_task=1), Setting(2, "thread"))
     assert quick.ok and quick.warmup_batches <= 2 + (20 - 2) // 2  # a short epoch keeps half for the window
     assert measure(loader, Setting(2, "thread"), warmup=0, max_batches=4).warmup_batches == 0
