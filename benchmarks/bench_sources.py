@@ -455,9 +455,22 @@ def steadyfeed_epochs(
         print(
             f"{ds.key} steadyfeed workers={workers} mode={mode}{' fast' if fast else ''}: ran {ran['workers']} "
             f"{ran['mode']}, {ran['batches_per_task']} batch(es) a task, handoff {ran['handoff']}"
-            + (f"; auto: {ran['auto']['reason']}" if ran.get("auto") else ""),
+            + (f"; auto: {ran['auto']['reason']}" if ran.get("auto") else "")
+            + trial_timings(ran.get("auto")),
             file=sys.stderr,
         )
+
+
+def trial_timings(picked: dict | None) -> str:
+    """Each pool's timings in ``workers="auto"``'s trial (batches/s, in the order taken), or ""."""
+    timings = (picked or {}).get("trial_timings")
+    if not timings:
+        return ""
+    return (
+        " (timings: "
+        + "; ".join(f"{pool} " + " / ".join(f"{r:,.0f}" for r in rates) for pool, rates in timings.items())
+        + ")"
+    )
 
 
 def decode_example(sample: dict, rng) -> dict:

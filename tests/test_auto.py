@@ -102,12 +102,14 @@ HDF5_ROWS = probe(batch_ms=0.3, speedup=0.64)  # page-cached rows in order: 8 a 
 
 
 def scripted_trial(rates):
-    """A trial that returns ``rates[mode]``; records what it was asked."""
+    """A trial whose pool of ``mode`` workers times ``rates[mode]`` each time (None: never
+    timed); records the pools started."""
     asked = []
 
     def trial(mode, workers):
-        asked.append((mode, workers))
-        return rates[mode]
+        asked.append((mode, workers))  # at the first next(): the pool starts
+        if rates[mode] is not None:
+            yield from itertools.repeat(rates[mode])
 
     return trial, asked
 
@@ -119,6 +121,7 @@ def test_processes_picked_for_cheap_tasks_are_timed_against_threads_and_the_fast
     threads = auto.choose(HDF5_ROWS, 2, None, ALWAYS, grouping.batches_for, trial)
     assert asked == [("thread", 2), ("process", 2)]  # threads first: they start in no time
     assert (threads.workers, threads.mode) == (2, "thread") and threads.trial == {"thread": 9000.0, "process": 6000.0}
+    assert threads.trial_timings == {"thread": (9000.0,) * auto.TRIAL_TIMINGS, "process": (6000.0,) * auto.TRIAL_TIMINGS}
     assert (
         "only 0.64x" in threads.reason and "2 thread(s) made 9,000 batches/s and 2 process(es) 6,000" in threads.reason
     )
@@ -126,6 +129,43 @@ def test_processes_picked_for_cheap_tasks_are_timed_against_threads_and_the_fast
     processes = auto.choose(HDF5_ROWS, 2, None, ALWAYS, grouping.batches_for, trial)
     assert processes.mode == "process" and processes.trial == {"thread": 3000.0, "process": 7000.0}
     assert "; timed warm on the epoch's first half" in processes.reason
+
+
+def test_the_pools_are_timed_in_turn_and_each_counts_its_fastest_timing():
+    """One fresh-clone run timed 2 processes at 375 batches/s (2,272-3,447 in every other run)
+    against 2 threads' 1,590 and kept threads, 0.54x of processes: one slow stretch decided."""
+    timings = {"thread": (1590.0, 1610.0, 1600.0), "process": (375.0, 2900.0, 3100.0)}
+    events = []
+
+    def trial(mode, workers):
+        try:
+            for rate in timings[mode]:
+                events.append(mode)
+                yield rate
+        finally:
+            events.append(f"{mode} shut down")
+
+    choice = auto.choose(HDF5_ROWS, 2, None, ALWAYS, grouping.batches_for, trial)
+    assert events == ["thread", "process"] * auto.TRIAL_TIMINGS + ["thread shut down", "process shut down"]
+    assert choice.mode == "process" and choice.trial == {"thread": 1610.0, "process": 3100.0}
+    assert choice.trial_timings == timings
+    assert "(3 times each, in turn; the fastest), 2 thread(s) made 1,610 batches/s" in choice.reason
+
+
+def test_a_pool_whose_timings_stop_ends_the_trial_and_both_pools_are_shut_down():
+    events = []
+
+    def trial(mode, workers):
+        try:
+            yield 1000.0
+            if mode == "thread":
+                yield 1000.0  # the processes' second timing meets a failing sample
+        finally:
+            events.append(f"{mode} shut down")
+
+    choice = auto.choose(HDF5_ROWS, 2, None, ALWAYS, grouping.batches_for, trial)
+    assert choice.mode == "process" and choice.trial is None and choice.trial_timings is None
+    assert sorted(events) == ["process shut down", "thread shut down"]
 
 
 def test_the_trial_times_the_workers_the_memory_budget_allows():
@@ -197,19 +237,23 @@ class Passes:
             yield batch_outcome(failed=(p, k) == self.fail_at)
 
 
-def test_pace_warms_up_on_a_whole_pass_then_times_later_passes_for_its_seconds():
+def test_paces_warm_up_on_a_whole_pass_then_time_from_a_pass_start_for_its_seconds():
     runs = Passes(length=100)
     steady = lambda: len(runs.taken) > 10  # noqa: E731 - the first 10 batches came while grouping learnt
-    assert auto.pace(iter(runs), steady, Clock()) == pytest.approx(1 / TICK)  # a batch a (scripted) tick
+    timer = auto.paces(iter(runs), steady, Clock())
+    assert next(timer) == pytest.approx(1 / TICK)  # a batch a (scripted) tick
     timed = math.ceil(auto.TRIAL_SECONDS / TICK)
     assert len(runs.taken) == 100 + timed  # the warm-up pass whole, then the timed batches, and no further
-    assert sorted({p for p, _ in runs.taken[100:]}) == list(range(1, 1 + math.ceil(timed / 100)))
+    passes = math.ceil(timed / 100)
+    assert sorted({p for p, _ in runs.taken[100:]}) == list(range(1, 1 + passes))
+    assert next(timer) == pytest.approx(1 / TICK)  # the next timing: a pass of its own, alike
+    assert runs.taken[100 + timed :] == [(1 + passes + p, k) for p in range(passes) for k in range(100)][:timed]
 
 
-def test_pace_cuts_a_long_warm_up_pass_at_its_seconds_once_steady():
+def test_paces_cut_a_long_warm_up_pass_at_its_seconds_once_steady():
     runs = Passes(length=10_000)
     steady = lambda: len(runs.taken) > 10  # noqa: E731
-    assert auto.pace(iter(runs), steady, Clock()) == pytest.approx(1 / TICK)
+    assert next(auto.paces(iter(runs), steady, Clock())) == pytest.approx(1 / TICK)
     warm = [k for p, k in runs.taken if p == 0]
     assert len(warm) == 11 + math.ceil(auto.TRIAL_SECONDS / TICK)  # steady from the 11th, then its seconds
     assert runs.taken[len(warm)] == (1, 0)  # timed from the next pass's start
@@ -225,8 +269,8 @@ def test_pace_cuts_a_long_warm_up_pass_at_its_seconds_once_steady():
     ],
     ids=["failed-warming", "failed-timed", "never-steady", "too-few"],
 )
-def test_pace_times_nothing_where_a_batch_fails_or_the_pool_never_settles(runs, steady):
-    assert auto.pace(iter(runs), steady, Clock()) is None
+def test_paces_time_nothing_where_a_batch_fails_or_the_pool_never_settles(runs, steady):
+    assert list(auto.paces(iter(runs), steady, Clock())) == []
 
 
 # -- the probe ---------------------------------------------------------------------------------
@@ -341,21 +385,22 @@ def test_a_loader_times_both_pools_for_cheap_tasks_and_delivers_the_batches_of_w
     """Real pools, timed on real batches: which wins is the machine's business, so the test
     asserts that both were timed, that the pick is the faster, and that nothing else changed."""
     scripted(monkeypatch, HDF5_ROWS)
-    firsts, real_pace = [], auto.pace  # each pool's passes: the first batch of each
+    firsts, pools, real_paces = [], [], auto.paces  # each pool's passes: the first batch of each
 
-    def pace(passes, steady):
-        starts = []
+    def paces(passes, steady):
+        pool, starts = len(firsts), []  # threads are 0, processes 1
         firsts.append(starts)
 
         def watched(run):
             for k, outcome in enumerate(run):
                 if k == 0:
                     starts.append(outcome.spec.index)
+                    pools.append(pool)
                 yield outcome
 
-        return real_pace((watched(run) for run in passes), steady)
+        yield from real_paces((watched(run) for run in passes), steady)
 
-    monkeypatch.setattr(auto, "pace", pace)
+    monkeypatch.setattr(auto, "paces", paces)
     runs, real_run = [], Loader._epoch_run  # each run's plan: its batches and where it starts
 
     def epoch_run(self, pool, handoff, plan, epoch, start, *rest, **options):
@@ -372,11 +417,14 @@ def test_a_loader_times_both_pools_for_cheap_tasks_and_delivers_the_batches_of_w
         picked, stats = loader.stats()["auto"], loader.stats()
     # both pools on the first half: warmed up on it, then timed on it again; a run's plan ends
     # there (its window would send workers batches past it, which no run takes)
-    assert [set(starts) for starts in firsts] == [{0}, {0}] and min(map(len, firsts)) >= 2
+    assert [set(starts) for starts in firsts] == [{0}, {0}] and min(map(len, firsts)) >= 1 + auto.TRIAL_TIMINGS
+    # timed in turn, threads first: each stretch of one pool's passes a timing (the first after its warm-up)
+    assert [pool for pool, _ in itertools.groupby(pools)] == [0, 1] * auto.TRIAL_TIMINGS
     trial_runs = [run for run in runs if run[0] != 200]  # the epochs' and the probe's plans hold all 200
     assert trial_runs == [(100, 0)] * sum(map(len, firsts))
     rates = picked["trial"]
     assert set(rates) == {"thread", "process"} and min(rates.values()) > 0
+    assert {pool: max(timings) for pool, timings in picked["trial_timings"].items()} == rates
     assert picked["mode"] == ("process" if rates["process"] > rates["thread"] else "thread") == stats["mode"]
     assert (
         "timed warm on the epoch's first half" in picked["reason"] and stats["batches"] == 400

@@ -10,7 +10,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -366,9 +366,9 @@ class Loader:
         self._auto_since = (self._stats.batches, self._work_seconds())
         self._running_config = self._resolved_config()
 
-    def _trial_of(self, epoch: int, batches: int) -> Callable[[Mode, int], float | None] | None:
+    def _trial_of(self, epoch: int, batches: int) -> auto.Trial | None:
         """What times a pool on ``epoch`` for ``auto.choose``: each on the first half of its
-        batches, warmed up on them first (``auto.pace``), so both are timed on data they read
+        batches, warmed up on them first (``auto.paces``), so both are timed on data they read
         once already, however much of it the page cache holds. None where a half is too short
         to time a pool on (grouping learns a task's size on its first batches)."""
         half = batches // 2
@@ -376,14 +376,15 @@ class Loader:
             return None
         return lambda mode, workers: self._trial(epoch, half, mode, workers)
 
-    def _trial(self, epoch: int, batches: int, mode: Mode, workers: int) -> float | None:
+    def _trial(self, epoch: int, batches: int, mode: Mode, workers: int) -> Generator[float, None, None]:
         """Batches a second that a pool of ``workers`` ``mode`` workers makes of ``epoch``'s
-        first ``batches`` batches, run again and again (``auto.pace``: the first run warms the
-        pool up), handed out as iteration hands them; made and dropped, as the probe's are, by
-        a pool of its own that is shut down after (None: not measured). Each run's plan ends
-        there: a window reaching past it sends the workers batches no run takes (where the
-        page cache held only the first half, 2 processes were timed at 107 batches/s, against
-        1,742-1,872 with plans that end at the half)."""
+        first ``batches`` batches, timed at each ``next()`` (``auto.paces``: runs over them again
+        and again, the first warming the pool up), handed out as iteration hands them; made and
+        dropped, as the probe's are, by a pool of its own, started at the first ``next()`` and
+        shut down when this is closed (nothing more: not measured). Each run's plan ends there:
+        a window reaching past it sends the workers batches no run takes (where the page cache
+        held only the first half, 2 processes were timed at 107 batches/s, against 1,742-1,872
+        with plans that end at the half)."""
         execution = dataclasses.replace(self.config.execution.resolved(self._unset_workers), workers=workers, mode=mode)
         stats, grouping, pool, passes = LoaderStats(), make_grouping(execution, self.config.read.collate), None, None
         try:
@@ -400,9 +401,9 @@ class Loader:
                         outcomes.close()
 
             passes = runs()
-            return auto.pace(passes, lambda: not grouping.learning and pool.all_delivered)
+            yield from auto.paces(passes, lambda: not grouping.learning and pool.all_delivered)
         except Exception:  # noqa: BLE001 - the epoch meets it again, under the loader's on_error
-            return None
+            return
         finally:
             if passes is not None:
                 passes.close()

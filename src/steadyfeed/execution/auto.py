@@ -26,8 +26,10 @@ few more in two threads at once, and picks:
   workers started, its tasks' size learnt, a process worker's shared-memory slots made: a
   task of 32 batches of npy pairs writes 50 MB of fresh pages, which about doubled the first
   tasks' time; timed from there, 2 processes made 1.0-1.8x what 2 threads did, against
-  1.65-1.75x in the epochs that followed), then is timed over it again, for ``TRIAL_SECONDS``
-  (:func:`pace`), and the faster is kept. Both are timed on data they read once already,
+  1.65-1.75x in the epochs that followed), then is timed over it again, ``TRIAL_TIMINGS``
+  times for ``TRIAL_SECONDS`` each, in turn with the other pool (:func:`paces`; both pools
+  live through the trial, the idle one waiting), and the faster is kept, by each pool's
+  fastest timing (a stall of the machine slows a timing, nothing speeds one up). Both are timed on data they read once already,
   however much of it the page cache holds: timed on the second half, where the page cache
   held only the first, 2 processes made 112 batches/s against 2 threads' 829 on the first. For such tasks, what shipping one from a process costs is of the order of what threads
   lose to the GIL or win by overlap (a worker's read beside the consumer's own work), and the
@@ -36,7 +38,7 @@ few more in two threads at once, and picks:
   weighs both. Costlier tasks (JPEG: 8 batches, ~30 ms) are not timed.
 
 The probe's and the trial's batches are made and dropped: they cost a few batches of time,
-once (a trial: each pool's warm-up half and its ``TRIAL_SECONDS``, and one more start of
+once (a trial: each pool's warm-up half and ``TRIAL_TIMINGS`` times ``TRIAL_SECONDS``, and one more start of
 process workers; an epoch too short to time two pools on keeps the rule's pick). Which workers make
 a batch never changes what it holds, so the choice shows only in speed and in
 ``Loader.stats()["auto"]`` (the choice, the measurements, and why). A probe that fails (a
@@ -48,7 +50,6 @@ loader's ``on_error``.
 from __future__ import annotations
 
 import io
-import itertools
 import os
 import pickle
 import re
@@ -57,10 +58,14 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import asdict, dataclass
 
 from ..config import PREFETCH_PER_WORKER, Mode
+
+# trial(mode, workers): a pool of that many such workers, timed at each next() (see paces);
+# closing it shuts the pool down
+Trial = Callable[[Mode, int], Generator[float, None, None]]
 
 # of the 2x two threads could give: GIL-bound work gives about 1x (or less); JPEG batches gave
 # 1.13x-1.59x in short probes on the 2-core VM. Since process workers lend their batches (no
@@ -86,8 +91,11 @@ MAIN_SCRIPT_BYTES = 1 << 20  # of the main script read for its guard
 # Shipping a task costs ~0.2-0.5 ms: under 1% of a JPEG task (~50 ms), 5-20% of one of HDF5
 # rows (2-4 ms) or npy pairs (6 ms), about what threads lose to the GIL or win by overlap
 TRIAL_TASK_SECONDS = 0.02
-TRIAL_SECONDS = 0.25  # each pool is timed at least this long, after its warm-up half
-TRIAL_MIN_BATCHES = 32  # and on at least this many batches
+TRIAL_SECONDS = 0.25  # a timing lasts at least this long, after the pool's warm-up half
+TRIAL_MIN_BATCHES = 32  # and holds at least this many batches
+# timings of each pool, in turn with the other's: one fresh-clone run timed 2 processes at 375
+# batches/s (2,272-3,447 in every other run, 2 threads 1,590) and kept threads, at 0.54x
+TRIAL_TIMINGS = 3
 
 
 @dataclass(frozen=True)
@@ -101,7 +109,8 @@ class AutoChoice:
     batch_seconds: float | None  # one batch made in the consumer (median of the timed ones)
     thread_speedup: float | None  # two batches in two threads, against one after the other
     batch_bytes: int | None
-    trial: dict[str, float] | None = None  # batches a second each pool made, where they were timed
+    trial: dict[str, float] | None = None  # batches a second each pool made, where they were timed: its fastest timing
+    trial_timings: dict[str, tuple[float, ...]] | None = None  # every timing, in the order taken
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -196,27 +205,46 @@ def _in_two_threads(make: Callable[[int], int], first: int) -> float | None:
     return None if failed else time.perf_counter() - t0
 
 
-def pace(
+def paces(
     passes: Iterator[Iterable], steady: Callable[[], bool], clock: Callable[[], float] = time.perf_counter
-) -> float | None:
-    """Batches a second a pool makes once warm. ``passes``: its runs over the same stretch of
-    an epoch's batches, again and again (each an iterable of outcomes, in the order handed
-    out). The first warms up: taken to its end, or ``TRIAL_SECONDS`` after ``steady()`` first
-    holds (the pool's tasks have their size and every worker has started: a spawned worker that
-    imports a framework with the main script takes seconds, while the other makes every batch).
-    Then the pool is timed from the next pass's start, over as many passes as it takes for
-    ``TRIAL_MIN_BATCHES`` and ``TRIAL_SECONDS`` to have both passed. None where a batch failed,
-    the pool never became steady, or the passes ran out first. The caller stops the runs."""
+) -> Iterator[float]:
+    """Batches a second a pool makes once warm, one timing at each ``next()``. ``passes``: its
+    runs over the same stretch of an epoch's batches, again and again (each an iterable of
+    outcomes, in the order handed out). The first warms up: taken to its end, or
+    ``TRIAL_SECONDS`` after ``steady()`` first holds (the pool's tasks have their size and every
+    worker has started: a spawned worker that imports a framework with the main script takes
+    seconds, while the other makes every batch). Each timing then starts a pass of its own
+    and times it from its start, into the passes after where it is short, until
+    ``TRIAL_MIN_BATCHES`` and ``TRIAL_SECONDS`` have both passed: every timing is made alike.
+    Ends where a batch failed, the pool never became steady, or the passes ran out. The
+    caller stops the runs (closes ``passes``)."""
     if not _warm_up(next(passes, ()), steady, clock):
-        return None
-    start, timed, now = clock(), 0, 0.0
-    for outcome in itertools.chain.from_iterable(passes):
-        if _failed(outcome):
-            return None  # the epoch meets it again, under the loader's on_error
-        now, timed = clock(), timed + 1
-        if timed >= TRIAL_MIN_BATCHES and now - start >= TRIAL_SECONDS:
-            return timed / (now - start)
+        return
+    while True:
+        rate = _timing(passes, clock)
+        if rate is None:
+            return
+        yield rate
+
+
+def _timing(passes: Iterator[Iterable], clock: Callable[[], float]) -> float | None:
+    """One timing (see :func:`paces`): batches a second from the next pass's start."""
+    start, timed = clock(), 0
+    for run in passes:
+        for outcome in run:
+            if _failed(outcome):
+                return None  # the epoch meets it again, under the loader's on_error
+            now, timed = clock(), timed + 1
+            if timed >= TRIAL_MIN_BATCHES and now - start >= TRIAL_SECONDS:
+                _close(run)  # the next timing starts a pass of its own
+                return timed / (now - start)
     return None
+
+
+def _close(run: Iterable) -> None:
+    close = getattr(run, "close", None)
+    if close is not None:
+        close()
 
 
 def _warm_up(outcomes: Iterable, steady: Callable[[], bool], clock: Callable[[], float]) -> bool:
@@ -299,22 +327,26 @@ def choose(
     budget: int | None,
     no_processes: Callable[[], str | None],
     per_task: Callable[[float], int] = lambda seconds: 1,
-    trial: Callable[[Mode, int], float | None] | None = None,
+    trial: Trial | None = None,
 ) -> AutoChoice:
     """The choice for these measurements (see the module docstring for the rules);
     ``no_processes()`` says why processes cannot be used, asked only when they would be;
     ``per_task(seconds)``: how many batches of that cost one task would hold (``grouping.py``);
-    ``trial(mode, workers)``: batches a second such a pool makes (None: not measured), asked
-    only where processes were picked for tasks under ``TRIAL_TASK_SECONDS``."""
+    ``trial(mode, workers)``: the timings of such a pool (:func:`paces`; none: not measured),
+    asked only where processes were picked for tasks under ``TRIAL_TASK_SECONDS``."""
     speedup = probe.thread_speedup
     mode, reason = _mode(probe, cores, speedup, no_processes, per_task)
     workers, bound = _bounded_workers(probe, cores, budget)
-    rates = None
+    rates = timings = None
     if mode == "process" and trial is not None and _task_seconds(probe, per_task) < TRIAL_TASK_SECONDS:
-        rates = _timed(trial, workers)
-        if rates is not None:
+        timings = _timed(trial, workers)
+        if timings is not None:
+            # the fastest timing of each: a stall slows a timing, nothing speeds one up
+            rates = {pool: max(rates) for pool, rates in timings.items()}
             mode, reason = _faster(rates, workers, reason)
-    return AutoChoice(workers, mode, reason + bound, cores, probe.batch_seconds, speedup, probe.batch_bytes, rates)
+    return AutoChoice(
+        workers, mode, reason + bound, cores, probe.batch_seconds, speedup, probe.batch_bytes, rates, timings
+    )
 
 
 def _bounded_workers(probe: Probe, cores: int, budget: int | None) -> tuple[int, str]:
@@ -334,18 +366,30 @@ def _task_seconds(probe: Probe, per_task: Callable[[float], int]) -> float:
     return per_task(probe.batch_seconds) * probe.batch_seconds
 
 
-def _timed(trial: Callable[[Mode, int], float | None], workers: int) -> dict[str, float] | None:
-    """Each pool's batches a second (threads first: they start in no time), or None where either
-    could not be timed."""
-    threads = trial("thread", workers)
-    processes = trial("process", workers) if threads else None
-    return {"thread": threads, "process": processes} if threads and processes else None
+def _timed(trial: Trial, workers: int) -> dict[str, tuple[float, ...]] | None:
+    """Each pool's ``TRIAL_TIMINGS`` timings, taken in turn, threads first (they start in no
+    time; a process pool is not started where threads could not be timed), or None where
+    either could not be timed. In turn, so that a busier stretch of the machine (another
+    program's burst, pages read back in) weighs on both pools alike."""
+    timers = {mode: trial(mode, workers) for mode in ("thread", "process")}  # nothing runs yet
+    timings: dict[str, list[float]] = {mode: [] for mode in timers}
+    try:
+        for _ in range(TRIAL_TIMINGS):
+            for mode, timer in timers.items():
+                rate = next(timer, None)
+                if rate is None:
+                    return None
+                timings[mode].append(rate)
+    finally:
+        for timer in timers.values():
+            timer.close()  # its pool shut down
+    return {mode: tuple(rates) for mode, rates in timings.items()}
 
 
 def _faster(rates: dict[str, float], workers: int, reason: str) -> tuple[Mode, str]:
     timed = (
-        f"timed warm on the epoch's first half, {workers} thread(s) made {rates['thread']:,.0f} batches/s "
-        f"and {workers} process(es) {rates['process']:,.0f}"
+        f"timed warm on the epoch's first half ({TRIAL_TIMINGS} times each, in turn; the fastest), "
+        f"{workers} thread(s) made {rates['thread']:,.0f} batches/s and {workers} process(es) {rates['process']:,.0f}"
     )
     if rates["process"] > rates["thread"]:
         return "process", f"{reason}; {timed}"
