@@ -20,31 +20,32 @@ few more in two threads at once, and picks:
   start: a script without an ``if __name__ == "__main__":`` guard, or a transform defined
   in a notebook, see :func:`main_module_problem`).
 
-  Where that rule picks processes for tasks that cost less than ``TRIAL_TASK_SECONDS``,
-  both pools are **timed** (``trial``) on the first half of the epoch's batches, threads
-  first, handed out as iteration hands them. Each pool makes the half once to warm up (its
-  workers started, its tasks' size learnt, a process worker's shared-memory slots made: a
-  task of 32 batches of npy pairs writes 50 MB of fresh pages, which about doubled the first
-  tasks' time; timed from there, 2 processes made 1.0-1.8x what 2 threads did, against
-  1.65-1.75x in the epochs that followed), then is timed over it again, ``TRIAL_TIMINGS``
-  times for ``TRIAL_SECONDS`` each, in turn with the other pool (:func:`paces`; both pools
-  live through the trial, the idle one waiting), and the faster is kept, by each pool's
-  fastest timing (a stall of the machine slows a timing, nothing speeds one up). Both are timed on data they read once already,
-  however much of it the page cache holds: timed on the second half, where the page cache
-  held only the first, 2 processes made 112 batches/s against 2 threads' 829 on the first. For such tasks, what shipping one from a process costs is of the order of what threads
-  lose to the GIL or win by overlap (a worker's read beside the consumer's own work), and the
-  probe sees only the GIL: page-cached HDF5 rows in order (2.3 ms a task of 8 batches) probed
-  0.64x on two threads, and once made 2 threads 1.4-1.7x as fast as 2 processes; the trial
-  weighs both. Costlier tasks (JPEG: 8 batches, ~30 ms) are not timed.
+  Where that rule picks processes for tasks that cost less than ``TRIAL_TASK_SECONDS``, both
+  pools are **timed** (``trial``) on the first half of the epoch's batches, threads first,
+  handed out as iteration hands them. Each pool makes the half once to warm up (its workers
+  started, its tasks' size learnt, a process worker's shared-memory slots made: a task of 32
+  batches of npy pairs writes 50 MB of fresh pages, which about doubled the first tasks' time;
+  timed from there, 2 processes made 1.0-1.8x what 2 threads did, against 1.65-1.75x in the
+  epochs that followed), then is timed over it again, ``TRIAL_TIMINGS`` times for
+  ``TRIAL_SECONDS`` each, in turn with the other pool (:func:`paces`; both pools live through
+  the trial, the idle one waiting), and the faster is kept, by each pool's fastest timing (a
+  stall of the machine slows a timing, nothing speeds one up). Both are timed on data they
+  read once already, however much of it the page cache holds: timed on the second half, where
+  the page cache held only the first, 2 processes made 112 batches/s against 2 threads' 829 on
+  the first. For such tasks, what shipping one from a process costs is of the order of what
+  threads lose to the GIL or win by overlap (a worker's read beside the consumer's own work),
+  and the probe sees only the GIL: page-cached HDF5 rows in order (2.3 ms a task of 8 batches)
+  probed 0.64x on two threads, and once made 2 threads 1.4-1.7x as fast as 2 processes; the
+  trial weighs both. Costlier tasks (JPEG: 8 batches, ~30 ms) are not timed.
 
 The probe's and the trial's batches are made and dropped: they cost a few batches of time,
-once (a trial: each pool's warm-up half and ``TRIAL_TIMINGS`` times ``TRIAL_SECONDS``, and one more start of
-process workers; an epoch too short to time two pools on keeps the rule's pick). Which workers make
-a batch never changes what it holds, so the choice shows only in speed and in
-``Loader.stats()["auto"]`` (the choice, the measurements, and why). A probe that fails (a
-sample raises) stops there and picks threads, a trial that meets one times nothing and
-leaves the rule's pick; the epoch then meets the failure as it would have anyway, under the
-loader's ``on_error``.
+once (a trial: each pool's warm-up half and ``TRIAL_TIMINGS`` times ``TRIAL_SECONDS``, and one
+more start of process workers; an epoch too short to time two pools on keeps the rule's pick).
+Which workers make a batch never changes what it holds, so the choice shows only in speed and
+in ``Loader.stats()["auto"]`` (the choice, the measurements, and why). A probe that fails (a
+sample raises) stops there and picks threads, a trial that meets one times nothing and leaves
+the rule's pick; the epoch then meets the failure as it would have anyway, under the loader's
+``on_error``.
 """
 
 from __future__ import annotations
@@ -248,7 +249,7 @@ def _close(run: Iterable) -> None:
 
 
 def _warm_up(outcomes: Iterable, steady: Callable[[], bool], clock: Callable[[], float]) -> bool:
-    """Takes a warm-up pass (see :func:`pace`); whether the pool is steady and nothing failed."""
+    """Takes a warm-up pass (see :func:`paces`); whether the pool is steady and nothing failed."""
     since = None
     for outcome in outcomes:
         if _failed(outcome):
@@ -342,7 +343,7 @@ def choose(
         timings = _timed(trial, workers)
         if timings is not None:
             # the fastest timing of each: a stall slows a timing, nothing speeds one up
-            rates = {pool: max(rates) for pool, rates in timings.items()}
+            rates = {pool: max(readings) for pool, readings in timings.items()}
             mode, reason = _faster(rates, workers, reason)
     return AutoChoice(
         workers, mode, reason + bound, cores, probe.batch_seconds, speedup, probe.batch_bytes, rates, timings
