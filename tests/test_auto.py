@@ -121,7 +121,10 @@ def test_processes_picked_for_cheap_tasks_are_timed_against_threads_and_the_fast
     threads = auto.choose(HDF5_ROWS, 2, None, ALWAYS, grouping.batches_for, trial)
     assert asked == [("thread", 2), ("process", 2)]  # threads first: they start in no time
     assert (threads.workers, threads.mode) == (2, "thread") and threads.trial == {"thread": 9000.0, "process": 6000.0}
-    assert threads.trial_timings == {"thread": (9000.0,) * auto.TRIAL_TIMINGS, "process": (6000.0,) * auto.TRIAL_TIMINGS}
+    assert threads.trial_timings == {
+        "thread": (9000.0,) * auto.TRIAL_TIMINGS,
+        "process": (6000.0,) * auto.TRIAL_TIMINGS,
+    }
     assert (
         "only 0.64x" in threads.reason and "2 thread(s) made 9,000 batches/s and 2 process(es) 6,000" in threads.reason
     )
