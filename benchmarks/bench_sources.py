@@ -32,8 +32,6 @@ a process (spawned and started before any epoch), each doing only the unavoidabl
 its half (npy: read every byte, inputs and labels; jpeg: read, then decode with simplejpeg
 exactly as ImageFolder(fast=True) does), with no batches and no handoff; the epoch is the
 wall time until both are done. Their targets read "steadyfeed within X of the hardware".
-The npy proxy's buffer starts 16 bytes past a page, which slows its copy (4K aliasing, see
-``read_npy_part``); the same read 2 KB further into the buffer is reported beside it.
 The hand-off loop (npy and jpeg) is the same work done by 2 processes in batches of 32, each
 batch made straight into a shared-memory slot and lent, in order, to this process, which
 checks it like any loader's and hands the slot back: what a loader that hands over every
@@ -851,17 +849,13 @@ def start_all(pool, processes: int) -> None:
         pass
 
 
-def read_npy_part(files: tuple, lo: int, hi: int, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Every byte of the .npy files lo .. hi-1 (inputs and labels) read into one reused buffer
-    (from ``offset`` bytes in), one preadv each (os.open, not open(): 20% less per file); the
-    index and the label are the first float32 after each file's header (format 1.0: its length
-    is the uint16 at offset 8). The buffer, a bytearray of 1 MB, starts 16 bytes past a page:
-    at offset 0 each store of the kernel's copy lands 16 bytes past its source's place in a
-    4 KB page, and the loads after it wait on it (4K aliasing; see bench_landing.py)."""
+def read_npy_part(files: tuple, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every byte of the .npy files lo .. hi-1 (inputs and labels) read into one reused buffer,
+    one preadv each (os.open, not open(): 20% less per file); the index and the label are the
+    first float32 after each file's header (format 1.0: its length is the uint16 at offset 8)."""
     xs, ys = files
-    whole = bytearray((1 << 20) + offset)
-    buf = memoryview(whole)[offset:]
-    view = [buf]
+    buf = bytearray(1 << 20)
+    view = [memoryview(buf)]
     values = np.empty((2, hi - lo), np.float32)
     for k in range(lo, hi):
         for row, p in enumerate((xs[k], ys[k])):
@@ -898,19 +892,16 @@ def limit_files(ds: Dataset, path: str) -> tuple:
 
 
 @contextmanager
-def limit_epochs(
-    ds: Dataset, path: str, n: int, processes: int, threads: bool = False, offset: int = 0
-) -> Iterator[EpochFn]:
+def limit_epochs(ds: Dataset, path: str, n: int, processes: int, threads: bool = False) -> Iterator[EpochFn]:
     """The limit proxy of ``ds`` in ``processes`` processes (1: in this one, no pool), or with
     ``threads`` in that many threads of this process (what a Python loop on as many threads
     can reach: the decoder releases the GIL, the loop's own Python does not); an epoch's time
-    is the wall time until every part is done. npy: ``offset``, where in its buffer the read
-    lands (``read_npy_part``)."""
+    is the wall time until every part is done."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
     files = limit_files(ds, path)
-    work = functools.partial(read_npy_part, offset=offset) if ds.key == "npy" else decode_jpeg_part
+    work = read_npy_part if ds.key == "npy" else decode_jpeg_part
     bounds = np.linspace(0, n, processes + 1).astype(int).tolist()
     parts = list(zip(bounds[:-1], bounds[1:]))
     with ExitStack() as stack:
@@ -1104,13 +1095,6 @@ TF_JPEG = (  # decode_jpeg's default is the fast DCT; the accurate one is ImageF
     ),
 )
 NPY_LIMIT = ("limit", "raw read by 2 processes", limit_epochs, dict(processes=2))
-# the same, the buffer 2 KB further in: no 4K aliasing (read_npy_part), what the loop itself reaches
-NPY_LIMIT_UNALIASED = (
-    "limit",
-    "raw read by 2 processes, buffer 2 KB in (reported)",
-    limit_epochs,
-    dict(processes=2, offset=2048),
-)
 NPY_HANDOFF = (
     "limit",
     "hand-off loop (2 processes, batches of 32 lent to this one)",
@@ -1203,7 +1187,7 @@ def settings(key: str) -> list[tuple]:
     if key == "records":
         return list(RECORDS)
     if key == "npy":
-        return [*STEADYFEED, AUTO, *PEERS, TF_DATA, NPY_LIMIT, NPY_LIMIT_UNALIASED, NPY_HANDOFF]
+        return [*STEADYFEED, AUTO, *PEERS, TF_DATA, NPY_LIMIT, NPY_HANDOFF]
     if key == "hdf5":
         ours = [*STEADYFEED, HDF5_WIDE, AUTO, *HDF5_REFERENCES]
         in_order = [(f, s + " in order", r, kw) for f, s, r, kw in ours]
@@ -1284,7 +1268,6 @@ def targets(key: str, results: list[Result]) -> list[tuple[str, bool | None]]:
             verdict(f"npy: steadyfeed best ({mine.setting}) / peer best ({peer.label})", mine.rate / peer.rate, 3.0),
             verdict(f"npy: steadyfeed best ({mine.setting}) / raw read by 2 processes", mine.rate / raw.rate, 0.8),
             handoff_line("npy", mine, r[NPY_HANDOFF[0] + " " + NPY_HANDOFF[1]], raw, "raw read"),
-            unaliased_line(mine, r[NPY_LIMIT_UNALIASED[0] + " " + NPY_LIMIT_UNALIASED[1]], raw),
             *auto_targets(key, r, ours),
         ]
     if key == "hdf5":
@@ -1346,15 +1329,6 @@ def hdf5_targets(r: dict[str, Result], ours: list[Result]) -> list[tuple[str, bo
         )
     )
     return lines
-
-
-def unaliased_line(mine: Result, unaliased: Result, raw: Result) -> tuple[str, None]:
-    """Reported: steadyfeed against the raw read without the proxy's 4K aliasing."""
-    return (
-        f"npy: steadyfeed best ({mine.setting}) / raw read, buffer 2 KB in: {mine.rate / unaliased.rate:.2f}x; "
-        f"that read / the raw read: {unaliased.rate / raw.rate:.2f}x (reported)",
-        None,
-    )
 
 
 def handoff_line(key: str, mine: Result, handoff: Result, limit: Result, what: str) -> tuple[str, None]:
