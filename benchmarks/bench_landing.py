@@ -6,12 +6,14 @@ further. A loader's batches must land somewhere they stay, and that costs memory
 Here the same loop (``os.open``, one ``preadv``, ``os.close`` per file; 2 spawned processes,
 one contiguous half each, started together at a barrier) reads the files into:
 
-* ``proxy``: one reused buffer (the proxy's destination). A ``bytearray`` of 1 MB starts 16
-  bytes past a page (glibc maps it, after its 16-byte header), and a file read from offset 0
-  starts at a page's start: each store of the copy lands 16 bytes past the source's place in
-  its 4 KB page, and the loads that follow wait on it (4K aliasing: the CPU compares load and
-  store addresses by their low 12 bits first);
-* ``proxy, 2 KB further``: the same buffer, read into from 2,048 bytes further in;
+* ``proxy``: one reused buffer that starts 2 KB past a 4 KB page, as the proxy's does
+  (``bench_sources.RAW_READ_PAGE_OFFSET``);
+* ``16 bytes past a page``: the same, starting 16 bytes past a page, where a process's first
+  ``bytearray`` of 1 MB starts (glibc maps it, after its 16-byte header; later ones come from
+  the heap, at any offset). A file read from offset 0 starts at a page's start, so each store
+  of the kernel's copy lands 16 bytes past its source's place in a page, and the loads that
+  follow wait on it (4K aliasing: the CPU matches loads against earlier stores by their low
+  12 bits first);
 * ``ring of N``: N batch-sized cells of shared memory, batch after batch in turn (what a
   worker that reused a few cells would write: 2 cells of 1.5 MB, or 8 making 12.6 MB, within
   the 16 MB L3 cache of the VM of docs/benchmarks.md);
@@ -29,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import ctypes
 import mmap
 import multiprocessing
 import os
@@ -37,12 +38,13 @@ import statistics
 import time
 from typing import Any
 
+from bench_sources import RAW_READ_PAGE_OFFSET, page_placed
+
 BATCH = 32
-DESTINATIONS: dict[
-    str, tuple[int, int] | int
-] = {  # name: (cells, batches a cell); an int: the proxy's reused buffer, from that offset
-    "proxy": 0,
-    "proxy, 2 KB further": 2048,
+# name: (cells, batches a cell); an int: one reused buffer, starting that many bytes past a page
+DESTINATIONS: dict[str, tuple[int, int] | int] = {
+    "proxy": RAW_READ_PAGE_OFFSET,
+    "16 bytes past a page": 16,
     "ring of 2": (2, 1),
     "ring of 8": (8, 1),
     "task slots (8 x 32 batches)": (8, 32),
@@ -64,7 +66,7 @@ def pairs(root: str) -> list[tuple[str, str]]:
 def destination(shape: tuple[int, int] | int, batch_bytes: int) -> list[memoryview]:
     """The cells batches are written into, each touched once (no first-write faults timed)."""
     if isinstance(shape, int):
-        return [memoryview(bytearray(1 << 20))[shape:]]
+        return [page_placed(1 << 20, shape)]
     cells, batches = shape
     views = []
     for _ in range(cells):
@@ -99,10 +101,6 @@ def read_part(files: list[tuple[str, str]], name: str) -> tuple[float, float]:
     return begin, time.perf_counter()
 
 
-def page_offset(buffer: bytearray) -> int:
-    return ctypes.addressof(ctypes.c_char.from_buffer(buffer)) % 4096
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="bench_sources.py's --data directory (npy-20000 in it)")
@@ -120,7 +118,6 @@ def main() -> None:
             rates[name].append(len(files) / (max(e for _, e in spans) - min(b for b, _ in spans)))
     proxy = statistics.median(rates["proxy"][1:])
     print(f"{len(files):,} npy pairs, batch {BATCH}, 2 processes; median of {args.rounds} rounds")
-    print(f"the proxy's buffer starts {page_offset(bytearray(1 << 20))} bytes past a 4 KB page here")
     for name, measured in rates.items():
         rate = statistics.median(measured[1:])
         print(f"{name:<28} {rate:>9,.0f} pairs/s  {rate / proxy:.2f}x the proxy")
