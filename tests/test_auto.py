@@ -224,20 +224,29 @@ class Clock:
 
 class Passes:
     """A pool's runs over one stretch of batches, ``length`` each (a failure at ``fail_at``, a
-    (pass, batch) pair): records the batches taken and the passes started."""
+    (pass, batch) pair): records the batches taken and the passes ended. Each run is kept, as
+    the loader's runs are (a run left open would go on making batches)."""
 
     def __init__(self, length, fail_at=None, passes=None):
         self.length, self.fail_at, self.passes = length, fail_at, passes
         self.taken = []  # (pass, batch)
+        self.runs, self.ended = [], []  # every run made; the passes taken whole or closed
 
     def __iter__(self):
         number = itertools.count() if self.passes is None else range(self.passes)
-        return (self._run(p) for p in number)
+        return (self._kept(self._run(p)) for p in number)
+
+    def _kept(self, run):
+        self.runs.append(run)
+        return run
 
     def _run(self, p):
-        for k in range(self.length):
-            self.taken.append((p, k))
-            yield batch_outcome(failed=(p, k) == self.fail_at)
+        try:
+            for k in range(self.length):
+                self.taken.append((p, k))
+                yield batch_outcome(failed=(p, k) == self.fail_at)
+        finally:
+            self.ended.append(p)
 
 
 def test_paces_warm_up_on_a_whole_pass_then_time_from_a_pass_start_for_its_seconds():
@@ -249,6 +258,7 @@ def test_paces_warm_up_on_a_whole_pass_then_time_from_a_pass_start_for_its_secon
     assert len(runs.taken) == 100 + timed  # the warm-up pass whole, then the timed batches, and no further
     passes = math.ceil(timed / 100)
     assert sorted({p for p, _ in runs.taken[100:]}) == list(range(1, 1 + passes))
+    assert runs.ended == list(range(1 + passes))  # its last pass closed: no batches made between timings
     assert next(timer) == pytest.approx(1 / TICK)  # the next timing: a pass of its own, alike
     assert runs.taken[100 + timed :] == [(1 + passes + p, k) for p in range(passes) for k in range(100)][:timed]
 
