@@ -433,6 +433,29 @@ def test_a_second_ctrl_c_while_closing_after_the_first_is_folded_into_it(workers
     del batches
 
 
+def test_a_ctrl_c_inside_a_process_workers_release_is_finished_by_the_abandon_after_it(monkeypatch, no_leaks):
+    """A second press while the workers stop, landing after a worker's pipe is closed and before
+    its status segment goes (seen under stress in `test_real_sigint_at_any_moment_leaves_nothing`:
+    the pool abandoned the worker after it, which found the pipe closed, took the worker for
+    released and left its status segment in /dev/shm)."""
+    from steadyfeed.execution.workers import ProcessWorker
+
+    real_release_status = ProcessWorker._release_status
+
+    def interrupted(self):
+        monkeypatch.setattr(ProcessWorker, "_release_status", real_release_status)
+        assert self.conn.closed  # where the press lands: the pipe closed, the segment not released
+        raise KeyboardInterrupt("second")
+
+    monkeypatch.setattr(ProcessWorker, "_release_status", interrupted)
+    with pytest.raises(KeyboardInterrupt, match="second"):
+        with Loader(paired_source(100), 4, workers=2, mode="process") as loader:
+            batches = iter(loader)  # held, as a framework holds it: closing the loader stops the workers
+            assert len(next(batches)["x"]) == 4
+    assert ProcessWorker._release_status is real_release_status  # the press came, inside the release
+    del batches
+
+
 def test_close_is_idempotent_and_closed_loader_refuses(no_leaks):
     loader = Loader(paired_source(10), 2, workers=2, mode="process")
     next(iter(loader))

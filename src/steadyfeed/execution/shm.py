@@ -404,5 +404,9 @@ def status_cells(segment: shared_memory.SharedMemory) -> np.ndarray:
 
 
 def release(segment: shared_memory.SharedMemory) -> None:
+    """Close and unlink ``segment``; again after a call that a Ctrl-C interrupted."""
     segment.close()
-    segment.unlink()
+    try:
+        segment.unlink()
+    except FileNotFoundError:  # unlinked by that call
+        pass

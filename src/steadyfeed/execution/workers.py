@@ -263,9 +263,12 @@ class ProcessWorker:
             pass
 
     def abandon(self) -> None:
-        if self.process.is_alive():
-            self.process.kill()
-        self.process.join(JOIN_SECONDS)
+        try:
+            if self.process.is_alive():
+                self.process.kill()
+            self.process.join(JOIN_SECONDS)
+        except ValueError:  # closed already, by a release that a Ctrl-C interrupted (_release)
+            pass
         self._release()
 
     def stop(self) -> None:
@@ -277,12 +280,18 @@ class ProcessWorker:
         self.abandon()
 
     def _release(self) -> None:
-        if self.conn.closed:  # released already (a stop interrupted by Ctrl-C is abandoned after it)
-            return
-        self._sender.forget(self._pipe)
-        self.conn.close()
-        if self.process.exitcode is not None:
-            self.process.close()
+        """Frees what this worker holds. Every step may run again: a Ctrl-C inside one call (a
+        second press while stopping, which the pool folds into the first) leaves the rest to the
+        ``abandon()`` that follows it, and a call that stopped at the first step done left this
+        worker's status segment in /dev/shm."""
+        if not self.conn.closed:
+            self._sender.forget(self._pipe)
+            self.conn.close()
+        try:
+            if self.process.exitcode is not None:
+                self.process.close()
+        except ValueError:  # closed already, by the call that was interrupted
+            pass
         self._release_status()
         self._consumer_slots.discard(self.slot_names)
 
