@@ -282,8 +282,8 @@ class ProcessWorker:
     def _release(self) -> None:
         """Frees what this worker holds. Every step may run again: a Ctrl-C inside one call (a
         second press while stopping, which the pool folds into the first) leaves the rest to the
-        ``abandon()`` that follows it, and a call that stopped at the first step done left this
-        worker's status segment in /dev/shm."""
+        ``abandon()`` that follows it (which, when it returned on finding the pipe closed, left
+        this worker's status segment in /dev/shm)."""
         if not self.conn.closed:
             self._sender.forget(self._pipe)
             self.conn.close()
