@@ -38,7 +38,7 @@ import statistics
 import time
 from typing import Any
 
-from bench_sources import RAW_READ_PAGE_OFFSET, page_placed
+from bench_sources import DATASETS, RAW_READ_PAGE_OFFSET, npy_files, page_placed
 
 BATCH = 32
 # name: (cells, batches a cell); an int: one reused buffer, starting that many bytes past a page
@@ -55,12 +55,6 @@ _BARRIER: Any = None  # the processes start their timed pass together (set by th
 def start(barrier) -> None:
     global _BARRIER
     _BARRIER = barrier
-
-
-def pairs(root: str) -> list[tuple[str, str]]:
-    folders = [os.path.join(root, d) for d in ("inputs", "labels")]
-    names = sorted(os.listdir(folders[0]))
-    return [(os.path.join(folders[0], n), os.path.join(folders[1], n)) for n in names]
 
 
 def destination(shape: tuple[int, int] | int, batch_bytes: int) -> list[memoryview]:
@@ -83,7 +77,7 @@ def read_part(files: list[tuple[str, str]], name: str) -> tuple[float, float]:
     batch_bytes = BATCH * sum(sizes)
     cells = destination(shape, batch_bytes)
     reused = isinstance(shape, int)  # every file read into the buffer's start, as the proxy does
-    per_cell = shape[1] if isinstance(shape, tuple) else 1
+    per_cell = 1 if isinstance(shape, int) else shape[1]
     _BARRIER.wait()
     begin = time.perf_counter()
     for b, lo in enumerate(range(0, len(files), BATCH)):
@@ -106,7 +100,8 @@ def main() -> None:
     parser.add_argument("--data", required=True, help="bench_sources.py's --data directory (npy-20000 in it)")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    files = pairs(os.path.join(args.data, "npy-20000"))
+    npy = DATASETS["npy"]
+    files = list(zip(*npy_files(npy.path(args.data, npy.samples))))  # (input, label) pairs, as the proxy lists them
     halves = [files[: len(files) // 2], files[len(files) // 2 :]]
     spawn = multiprocessing.get_context("spawn")
     rates: dict[str, list[float]] = {name: [] for name in DESTINATIONS}
