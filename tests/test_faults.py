@@ -422,6 +422,36 @@ def test_a_second_ctrl_c_while_waiting_workers_stop_is_folded_into_the_first(wor
 
 
 @pytest.mark.parametrize("workers,mode", MODES)
+def test_a_third_ctrl_c_while_killing_the_workers_left_leaves_them_to_close(workers, mode, monkeypatch, no_leaks):
+    from steadyfeed.execution.pool import WorkerPool
+    from steadyfeed.execution.workers import ProcessWorker, ThreadWorker
+
+    kind = ThreadWorker if mode == "thread" else ProcessWorker
+    real_stop, real_abandon = kind.stop, kind.abandon
+
+    def first_ctrl_c(self, timeout):  # while the consumer waits for a batch
+        raise KeyboardInterrupt("first")
+
+    def third_ctrl_c(self):  # the kill of the workers that the second left
+        monkeypatch.setattr(kind, "abandon", real_abandon)
+        raise KeyboardInterrupt("third")
+
+    def second_ctrl_c(self):  # while waiting for the first worker to stop
+        monkeypatch.setattr(kind, "stop", real_stop)
+        monkeypatch.setattr(kind, "abandon", third_ctrl_c)
+        raise KeyboardInterrupt("second")
+
+    monkeypatch.setattr(WorkerPool, "wait", first_ctrl_c)
+    monkeypatch.setattr(kind, "stop", second_ctrl_c)
+    loader = Loader(paired_source(100), 4, workers=workers, mode=mode, inline_when_faster=False)
+    with pytest.raises(KeyboardInterrupt) as info:
+        list(loader)
+    assert str(info.value) == "first" and info.value.__context__ is None
+    assert loader._pool is None  # the next epoch would start a new pool
+    loader.close()  # releases the workers (and, in process mode, their segments) no_leaks looks for
+
+
+@pytest.mark.parametrize("workers,mode", MODES)
 def test_a_second_ctrl_c_while_closing_after_the_first_is_folded_into_it(workers, mode, monkeypatch, no_leaks):
     second_ctrl_c_while_stopping(monkeypatch, mode)
     with pytest.raises(KeyboardInterrupt) as info:

@@ -64,6 +64,24 @@ def test_a_task_too_big_to_write_at_once_goes_through_the_thread_and_nothing_ove
         theirs.close()
 
 
+def test_a_pipe_forgotten_after_the_sender_stopped_is_closed_at_once():
+    """A worker released after ``stop`` (a shutdown that a Ctrl-C cut short, finished later):
+    its pipe's close, queued behind a thread that has ended, would never happen."""
+    ours, theirs = Pipe()
+    writer = sender.TaskSender(niceness=0)
+    pipe = writer.pipe_for(ours)
+    try:
+        writer.send(pipe, task(0, sender.DIRECT_BYTES // 8 + 1))  # through the thread
+        assert theirs.recv().task_id == 0
+        writer.stop()
+        writer.forget(pipe)
+        assert pipe.closed
+    finally:
+        writer.stop()
+        ours.close()
+        theirs.close()
+
+
 def test_batches_of_a_hundred_thousand_rows_by_pipe_arrive_exactly_once(no_leaks):
     """Each task names 100,000 ids (800 KB pickled, more than a pipe buffers) and each result
     carries its 2.4 MB batch through the same pipe. Written from the consumer's thread, a task

@@ -408,7 +408,7 @@ class Loader:
             if passes is not None:
                 passes.close()
             if pool is not None:
-                pool.shutdown()
+                _retire(self.__dict__, pool)
 
     def _cost_changed(self) -> bool:
         """Whether the batches made since the last check cost ``RECHECK_RATIO`` times more or
@@ -736,7 +736,10 @@ class Loader:
         try:
             if self._autopack is not None:
                 self._autopack.stop()
-            self._finalizer()
+            # called directly, not through the finalizer, which runs once: a close that a Ctrl-C
+            # cut short is finished by the next close, or by the finalizer at collection
+            _shutdown_pool(self.__dict__)
+            self._finalizer.detach()
         finally:
             close_reader(self._reader, self.source)
             close_source(self.source)
@@ -783,10 +786,23 @@ def _nbytes(batch: Mapping[str, np.ndarray]) -> int:
 
 
 def _shutdown_pool(state: dict) -> None:
-    """Module-level so the finalizer holds no reference to the loader itself."""
-    pool, state["_pool"] = state.get("_pool"), None
+    """Shut the loader's pool down (``_retire``). Module-level so the finalizer holds no
+    reference to the loader itself."""
+    pool, state["_pool"] = state.get("_pool"), None  # no longer the loader's: the next epoch starts a new one
+    _retire(state, pool)
+
+
+def _retire(state: dict, pool=None) -> None:
+    """Shut ``pool`` down, and finish first the shutdowns a Ctrl-C cut short before (kept in
+    ``state["_stopping"]`` until done): a third press, inside the kill of the workers that a
+    second one had left, would otherwise leave the rest of them, and their shared memory, for
+    good (process workers exit once told to stop; their segments are the consumer's to unlink)."""
+    stopping = state.setdefault("_stopping", [])
     if pool is not None:
-        pool.shutdown()
+        stopping.append(pool)
+    while stopping:
+        stopping[0].shutdown()
+        del stopping[0]
 
 
 def check_state_format(state: dict) -> None:

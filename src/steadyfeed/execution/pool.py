@@ -77,6 +77,7 @@ class WorkerPool(InlinePool):
         self._next_wid = 0
         self._last_task: dict[int, int] = {}  # wid -> the id of the last task it was given
         self._delivered: set[int] = set()  # wids that have returned a result
+        self._stopping: list = []  # workers a shutdown has yet to release
         try:
             for _ in range(size):
                 self._spawn()
@@ -152,17 +153,23 @@ class WorkerPool(InlinePool):
         return self._collect(0) + self._check()
 
     def shutdown(self) -> None:
-        workers, self.workers = list(self.workers.values()), {}
-        for worker in workers:  # tell every worker first, so they stop in parallel
+        """Stop every worker. A Ctrl-C while waiting for one (a second press: the first stopped the
+        epoch) stops the waiting: that worker and the rest are killed (threads left) at once. A
+        press even then ends the call, and the workers not released yet are left to the next
+        call (each worker's ``stop`` and ``abandon`` may run again where an interrupted one left
+        off), which the loader makes when it closes (``loader._retire``)."""
+        self._stopping += self.workers.values()
+        self.workers = {}
+        for worker in self._stopping:  # tell every worker first, so they stop in parallel
             worker.signal_stop()
-        stopped = 0
         try:
-            for worker in workers:
-                worker.stop()
-                stopped += 1
-        except KeyboardInterrupt:  # Ctrl-C again while stopping: wait no more, kill (or leave) the rest
-            for worker in workers[stopped:]:
-                worker.abandon()
+            while self._stopping:
+                self._stopping[0].stop()
+                del self._stopping[0]
+        except KeyboardInterrupt:  # wait no more: kill (or leave) the rest
+            while self._stopping:
+                self._stopping[0].abandon()
+                del self._stopping[0]
             raise
 
     # -- shared bookkeeping ----------------------------------------------------------------
