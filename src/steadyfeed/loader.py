@@ -114,6 +114,7 @@ class Loader:
         self._autopack = AutoPack(pack_to, source, execution.pack_decoded) if pack_to is not None else None
         self._reader = source  # what the workers read: the source, or its pack once one is ready (autopack.py)
         self._pool = None
+        self._stopping: list = []  # pools whose shutdown a Ctrl-C cut short (_retire finishes them)
         # what workers=None (not given) means: 0, or "auto" once as_keras() serves the loader
         self._unset_workers: int | Literal["auto"] = 0
         self._auto: AutoChoice | None = None  # what workers="auto" picked (execution/auto.py)
@@ -797,7 +798,7 @@ def _retire(state: dict, pool=None) -> None:
     ``state["_stopping"]`` until done): a third press, inside the kill of the workers that a
     second one had left, would otherwise leave the rest of them, and their shared memory, for
     good (process workers exit once told to stop; their segments are the consumer's to unlink)."""
-    stopping = state.setdefault("_stopping", [])
+    stopping = state["_stopping"]
     if pool is not None:
         stopping.append(pool)
     while stopping:
