@@ -15,7 +15,7 @@ import types
 
 import numpy as np
 import pytest
-from helpers import FaultySource, epoch_digest, noisy, paired_source
+from helpers import FaultySource, child_processes, epoch_digest, noisy, paired_source
 
 from steadyfeed import Loader
 from steadyfeed.config import ExecutionOptions, LoaderConfig
@@ -392,6 +392,37 @@ def test_a_loader_weighs_cheap_batches_by_the_tasks_they_would_share(monkeypatch
         assert sum(len(b["x"]) for b in loader) == 40
         assert loader.stats()["auto"]["mode"] == mode
         assert loader.stats()["auto"]["trial"] is None  # 10 batches: too few to time two pools on
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_ctrl_c_while_a_trial_pool_stops_leaves_no_worker_once_the_epoch_has_ended(mode, monkeypatch, no_leaks):
+    """A user pressing Ctrl-C in a fit's first seconds lands in the trial: here twice inside the
+    shutdown of one of its pools (the wait for a worker, then the kill of the rest). The other
+    pool still stops, the epoch's own shutdown finishes the first, and the Ctrl-C leaves the
+    loader with no process worker of either left (checked while its traceback, which holds the
+    trial's generators, is still alive: the garbage collector would have closed them later)."""
+    from steadyfeed.execution.workers import ProcessWorker, ThreadWorker
+
+    kind = ThreadWorker if mode == "thread" else ProcessWorker
+    scripted(monkeypatch, HDF5_ROWS)
+    real_stop, real_abandon = kind.stop, kind.abandon
+
+    def third_ctrl_c(self):
+        monkeypatch.setattr(kind, "abandon", real_abandon)
+        raise KeyboardInterrupt("third")
+
+    def second_ctrl_c(self):
+        monkeypatch.setattr(kind, "stop", real_stop)
+        monkeypatch.setattr(kind, "abandon", third_ctrl_c)
+        raise KeyboardInterrupt("second")
+
+    monkeypatch.setattr(kind, "stop", second_ctrl_c)
+    loader = Loader(paired_source(800), 4, workers="auto")
+    with pytest.raises(KeyboardInterrupt, match="third") as info:
+        list(loader)
+    assert kind.stop is real_stop and kind.abandon is real_abandon  # both pressed
+    assert child_processes() == [] and info.value is not None
+    loader.close()
 
 
 def test_a_loader_times_both_pools_for_cheap_tasks_and_delivers_the_batches_of_workers_0(monkeypatch, no_leaks):

@@ -381,9 +381,12 @@ def _timed(trial: Trial, workers: int) -> dict[str, tuple[float, ...]] | None:
                 if rate is None:
                     return None
                 timings[mode].append(rate)
-    finally:
-        for timer in timers.values():
-            timer.close()  # its pool shut down
+    finally:  # each pool shut down, threads first; the processes too when that raises (a Ctrl-C
+        # while the threads stop): left to the garbage collector, they stopped whenever it came
+        try:
+            timers["thread"].close()
+        finally:
+            timers["process"].close()
     return {mode: tuple(rates) for mode, rates in timings.items()}
 
 
