@@ -402,6 +402,10 @@ def test_auto_picks_after_learning_enough_batches_within_time_room_and_limit():
     assert picked(TASK_SECONDS * 2, 100) == 1  # batches that cost more than that: one a task
     assert picked(0.0, 100, room=5 * 4 * 100, copies=4) == 5  # as many as the room holds, `copies` times
     assert picked(0.0, 100, room=50, copies=4) == 1
+    tight = Grouping(auto=True, room=50, copies=4)
+    for _ in range(LEARN_BATCHES):
+        tight.learn(0.0, 100)
+    assert "not even one batch a task fits the memory allowed" in tight.picked  # not "0 fit"
     assert picked(0.0, 100, limit=2) == 2
     assert not Grouping(size=1).active and Grouping(size=3).window_factor == 1
     assert Grouping(size=3, grows_window=True).window_factor == 3

@@ -130,10 +130,17 @@ class Grouping:
         why = (
             f"{size} batch(es) a task: a batch took {seconds * 1e3:.2f} ms to make ({by_time} make a task of "
             f"{TASK_SECONDS * 1e3:.0f} ms), holds {nbytes:,} bytes"
-            + (f" ({by_room} fit the memory allowed)" if self.room is not None else "")
+            + (_room_text(by_room) if self.room is not None else "")
             + (f"; prefetch allows {self.limit}" if self.limit < self.cap else "")
         )
         return size, why
+
+
+def _room_text(fit: int) -> str:
+    """What the memory allowed holds, as :meth:`Grouping._pick` says it."""
+    if fit >= 1:
+        return f" ({fit} fit the memory allowed)"
+    return " (not even one batch a task fits the memory allowed: one, the fewest a task can hold)"
 
 
 def batches_for(seconds: float, cap: int = MAX_BATCHES) -> int:
