@@ -381,8 +381,9 @@ def _timed(trial: Trial, workers: int) -> dict[str, tuple[float, ...]] | None:
                 if rate is None:
                     return None
                 timings[mode].append(rate)
-    finally:  # each pool shut down, threads first; the processes too when that raises (a Ctrl-C
-        # while the threads stop): left to the garbage collector, they stopped whenever it came
+    finally:
+        # each pool shut down, threads first, and the processes even when that raises (a Ctrl-C
+        # while the threads stop): a trial left open stops its pool only once it is collected
         try:
             timers["thread"].close()
         finally:
