@@ -11,6 +11,7 @@ import threading
 import time
 import weakref
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from operator import methodcaller
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -24,7 +25,7 @@ from .execution.auto import AutoChoice
 from .execution.batch import collate_error
 from .execution.grouping import LEARN_BATCHES, Grouping, make_grouping, per_task_rule
 from .execution.handoff import FixedHandoff, MeasuredHandoff, make_handoff, work_seconds
-from .execution.pool import InlinePool, make_pool
+from .execution.pool import InlinePool, finish_each, make_pool
 from .execution.scheduler import ByteBudget, EpochRun, Outcome
 from .execution.task import SampleFailure, WorkContext
 from .quarantine import Quarantine, QuarantineEntry
@@ -798,12 +799,9 @@ def _retire(state: dict, pool=None) -> None:
     ``state["_stopping"]`` until done): a third press, inside the kill of the workers that a
     second one had left, would otherwise leave the rest of them, and their shared memory, for
     good (process workers exit once told to stop; their segments are the consumer's to unlink)."""
-    stopping = state["_stopping"]
     if pool is not None:
-        stopping.append(pool)
-    while stopping:
-        stopping[0].shutdown()
-        del stopping[0]
+        state["_stopping"].append(pool)
+    finish_each(state["_stopping"], methodcaller("shutdown"))
 
 
 def check_state_format(state: dict) -> None:

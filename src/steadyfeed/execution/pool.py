@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import queue
 import warnings
+from collections.abc import Callable
+from operator import methodcaller
+from typing import Any
 
 from ..errors import SharedMemoryFull
 from ..sources.base import numpy_allocator
@@ -29,6 +32,14 @@ from .workers import ProcessWorker, ThreadWorker, process_context
 TASKS_PER_WORKER = 2  # one running, one queued behind it, so no worker idles between tasks
 # a process worker's shared-memory slots: its tasks in flight, and the batches it may have lent
 SLOTS_PER_WORKER = TASKS_PER_WORKER + shm.LENT_SLOTS
+
+
+def finish_each(pending: list, finish: Callable[[Any], object]) -> None:
+    """``finish(item)`` for each of ``pending`` in turn, each removed once finished: a call that
+    raises (a Ctrl-C) leaves its item and the rest in ``pending``, for a later call to finish."""
+    while pending:
+        finish(pending[0])
+        del pending[0]
 
 
 class InlinePool:
@@ -163,13 +174,9 @@ class WorkerPool(InlinePool):
         for worker in self._stopping:  # tell every worker first, so they stop in parallel
             worker.signal_stop()
         try:
-            while self._stopping:
-                self._stopping[0].stop()
-                del self._stopping[0]
+            finish_each(self._stopping, methodcaller("stop"))
         except KeyboardInterrupt:  # wait no more: kill (or leave) the rest
-            while self._stopping:
-                self._stopping[0].abandon()
-                del self._stopping[0]
+            finish_each(self._stopping, methodcaller("abandon"))
             raise
 
     # -- shared bookkeeping ----------------------------------------------------------------

@@ -43,7 +43,6 @@ class TaskSender:
         self._thread: threading.Thread | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._crashed: str | None = None  # the thread's traceback, if it failed
-        self._stopped = False
 
     def pipe_for(self, conn: Connection) -> Connection:
         """A handle on ``conn``'s pipe of the sender's own, to pass to ``send`` and ``forget``."""
@@ -65,9 +64,9 @@ class TaskSender:
 
     def forget(self, pipe: Connection) -> None:
         """Close ``pipe`` once the tasks sent to it before are written (or have failed); at once
-        once the thread has ended (a worker released after ``stop``, by a shutdown that a Ctrl-C
-        had cut short: ``pool.py``)."""
-        if pipe in self._queued and not self._ended():
+        where the thread that writes them has ended (a worker released after ``stop``, by a
+        shutdown that a Ctrl-C had cut short: ``pool.py``), as nothing queued would be written."""
+        if pipe in self._queued and self._thread is not None and self._thread.is_alive():
             self._queued.discard(pipe)
             self._queue.put((pipe, None))
         else:
@@ -79,14 +78,9 @@ class TaskSender:
             raise RuntimeError(f"steadyfeed bug: the thread that writes tasks to the workers failed:\n{self._crashed}")
 
     def stop(self) -> None:
-        self._stopped = True
         if self._thread is not None:
             self._queue.put(None)  # the thread writes what was queued before, then ends
             self._thread.join(JOIN_SECONDS)
-
-    def _ended(self) -> bool:
-        """Stopped, its thread (if any) gone: nothing queued from now on would be written."""
-        return self._stopped and (self._thread is None or not self._thread.is_alive())
 
     def _start(self) -> None:
         if self._thread is None:
