@@ -50,6 +50,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from _pinned import pinned
 
 import steadyfeed as sf
 
@@ -317,14 +318,15 @@ def main() -> None:
         )
         print("| dataset | feeder | steps/s | data wait | wait ms/step | mean gap ms |")
         print("|---|---|---:|---:|---:|---:|")
-        for name, (source, shape, scale) in datasets.items():
-            results = {feeder: [] for feeder in FEEDERS}
-            for _ in range(args.rounds):  # interleaved rounds: a burst of load on a shared machine hits all
-                for feeder, make in FEEDERS.items():
-                    results[feeder].append(run_one(make, source, shape, scale, args.warmup, steps))
-            best = {feeder: min(runs, key=lambda t: t.seconds) for feeder, runs in results.items()}
-            report(name, best)
-        print(f"\ntotal {time.perf_counter() - t:.0f} s")
+        with pinned([root]) as pin:  # a warm page cache for every feeder alike (_pinned.py)
+            for name, (source, shape, scale) in datasets.items():
+                results = {feeder: [] for feeder in FEEDERS}
+                for _ in range(args.rounds):  # interleaved rounds: a burst of load on a shared machine hits all
+                    for feeder, make in FEEDERS.items():
+                        results[feeder].append(run_one(make, source, shape, scale, args.warmup, steps))
+                best = {feeder: min(runs, key=lambda t: t.seconds) for feeder, runs in results.items()}
+                report(name, best)
+        print(f"\n{pin.text()}\ntotal {time.perf_counter() - t:.0f} s")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

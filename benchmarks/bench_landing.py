@@ -49,6 +49,7 @@ from multiprocessing import shared_memory
 from typing import Any
 
 import numpy as np
+from _pinned import pinned
 from bench_sources import DATASETS, RAW_READ_PAGE_OFFSET, npy_files, page_placed
 
 BATCH = 32
@@ -180,6 +181,22 @@ def streamed_rate(files: list[tuple[str, str]]) -> float:
             segment.unlink()
 
 
+def measure(files: list, rounds: int) -> dict[str, list[float]]:
+    """Pairs/s of every row in ``rounds`` + 1 rounds: the first warms the page cache up, and
+    its rates come first (the caller leaves them out)."""
+    halves = [files[: len(files) // 2], files[len(files) // 2 :]]
+    spawn = multiprocessing.get_context("spawn")
+    rates: dict[str, list[float]] = {name: [] for name in [*DESTINATIONS, STREAMED]}
+    for _ in range(rounds + 1):
+        for name in DESTINATIONS:
+            barrier = spawn.Barrier(len(halves))
+            with concurrent.futures.ProcessPoolExecutor(len(halves), spawn, start, (barrier,)) as pool:
+                spans = list(pool.map(read_part, halves, [name] * len(halves)))
+            rates[name].append(len(files) / (max(e for _, e in spans) - min(b for b, _ in spans)))
+        rates[STREAMED].append(streamed_rate(files))
+    return rates
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="bench_sources.py's --data directory (npy-20000 in it)")
@@ -187,16 +204,9 @@ def main() -> None:
     args = parser.parse_args()
     npy = DATASETS["npy"]
     files = list(zip(*npy_files(npy.path(args.data, npy.samples))))  # (input, label) pairs, as the proxy lists them
-    halves = [files[: len(files) // 2], files[len(files) // 2 :]]
-    spawn = multiprocessing.get_context("spawn")
-    rates: dict[str, list[float]] = {name: [] for name in [*DESTINATIONS, STREAMED]}
-    for _ in range(args.rounds + 1):  # the first round warms the page cache up, untimed
-        for name in DESTINATIONS:
-            barrier = spawn.Barrier(len(halves))
-            with concurrent.futures.ProcessPoolExecutor(len(halves), spawn, start, (barrier,)) as pool:
-                spans = list(pool.map(read_part, halves, [name] * len(halves)))
-            rates[name].append(len(files) / (max(e for _, e in spans) - min(b for b, _ in spans)))
-        rates[STREAMED].append(streamed_rate(files))
+    with pinned([npy.path(args.data, npy.samples)]) as pin:  # a warm page cache for every row alike
+        rates = measure(files, args.rounds)
+    print(pin.text())
     proxy = statistics.median(rates["proxy"][1:])
     print(f"{len(files):,} npy pairs, batch {BATCH}, 2 processes; median of {args.rounds} rounds")
     for name, measured in rates.items():

@@ -103,6 +103,7 @@ from _common import (
     time_in_rounds,
     time_interleaved,
 )
+from _pinned import pinned
 
 import steadyfeed
 
@@ -1480,11 +1481,12 @@ def run_dataset(key: str, args, data_dir: str) -> list[tuple[str, bool | None]]:
     n = ds.quick_samples if args.quick else ds.samples
     path = prepare(ds, data_dir, n)
     epochs = args.epochs * ds.epoch_scale
-    results = run_all(key, ds, path, n, epochs)
+    with pinned([path]) as pin:  # a warm page cache for every loader alike (_pinned.py)
+        results = run_all(key, ds, path, n, epochs)
     timed = "1 timed epoch" if epochs == 1 else f"median of {epochs} timed epochs"
     print(heading(f"{key}: {n:,} samples, {ds.describe}, batch {BATCH}, {timed}", args.markdown))
     print(table(results, args.markdown))
-    lines = targets(key, results) + [(line, False) for line in coverage_failures(results)]
+    lines = targets(key, results) + [(line, False) for line in coverage_failures(results)] + [(pin.text(), None)]
     if key == "records":
         lines.append((gzip_index_cost(path), None))
     if key == "jpeg":
