@@ -29,7 +29,7 @@ from steadyfeed.execution.grouping import (
     merged,
     split,
 )
-from steadyfeed.execution.pool import TASKS_PER_WORKER
+from steadyfeed.execution.pool import SLOTS_PER_WORKER, TASKS_PER_WORKER
 from steadyfeed.execution.protocol import Done
 from steadyfeed.execution.task import Stage, StatusSlot, WorkContext
 from steadyfeed.sampling.plan import BatchSpec
@@ -376,7 +376,7 @@ def test_pad_collation_never_groups():
 def test_process_workers_hold_more_cheap_batches_a_task_than_threads():
     thread, process = (make_grouping(ExecutionOptions(workers=2, mode=m), "stack") for m in ("thread", "process"))
     for g in (thread, process):
-        for _ in range(LEARN_BATCHES):
+        for _ in range(g.warmup + LEARN_BATCHES):
             g.learn(0.0001, 100)  # 500 make a task of TASK_SECONDS
     assert thread.in_use == grouping_module.MAX_BATCHES and process.in_use == grouping_module.MAX_PROCESS_BATCHES
     assert process.picked.startswith(f"{grouping_module.MAX_PROCESS_BATCHES} batch(es) a task")
@@ -411,11 +411,24 @@ def test_auto_picks_after_learning_enough_batches_within_time_room_and_limit():
     assert Grouping(size=3, grows_window=True).window_factor == 3
 
 
+def test_a_pools_first_batches_into_fresh_memory_teach_auto_nothing():
+    """A pool's first batches (a slot made for each of a process worker's first tasks, its pages
+    faulted in) cost several times what later ones do: learning starts after them."""
+    for mode in ("thread", "process"):
+        grouping = make_grouping(ExecutionOptions(workers=2, mode=mode), "stack")
+        assert grouping.warmup == 2 * SLOTS_PER_WORKER
+        for _ in range(2 * SLOTS_PER_WORKER):
+            grouping.learn(1.0, 100)  # slow: one a task, were they counted
+        for _ in range(LEARN_BATCHES):
+            grouping.learn(0.0001, 100)
+        assert grouping.in_use == grouping.cap and "a batch took 0.10 ms" in grouping.picked
+
+
 def test_process_workers_group_within_half_of_the_free_shared_memory(monkeypatch):
     monkeypatch.setattr(shm, "free_bytes", lambda: 1000)
     process = make_grouping(ExecutionOptions(workers=2, mode="process"), "stack")
     assert process.room == 500  # at most half of /dev/shm's free space, slots and window together
-    for _ in range(LEARN_BATCHES):
+    for _ in range(process.warmup + LEARN_BATCHES):
         process.learn(0.0001, 15)  # 24 copies (a window of 8, 8 slots a worker) of 15 bytes: 360 fit, 720 not
     assert process.in_use == 1
     monkeypatch.setattr(shm, "free_bytes", lambda: None)  # unknown: the memory budget alone

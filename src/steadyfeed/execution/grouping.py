@@ -55,6 +55,12 @@ MAX_BATCHES = 8  # batches one thread's task may hold under "auto"
 # rows fell to 0.78x of workers=0 at 32 a task (0.98x at 8), hence threads keep 8
 MAX_PROCESS_BATCHES = 32
 LEARN_BATCHES = 16  # batches made one per task before "auto" picks
+# ...after the pool's first SLOTS_PER_WORKER batches a worker, which "auto" does not count: they
+# land in memory no batch has used yet (a process worker makes a slot for each of its first tasks,
+# its pages faulted in as the batch is written; a thread worker's reused buffers are made the
+# same way) while the workers start. npy pairs, 2 processes, one batch a task: the first 16
+# batches took 2.7-2.8 ms each (median), the next 16 1.1-1.2 ms, the rest of the epoch 1.0 ms,
+# and "auto" picked 6-19 batches a task where the batches after the first called for 32.
 
 
 @dataclass
@@ -64,11 +70,13 @@ class Grouping:
     ``size`` is ``ExecutionOptions.batches_per_task``, or under ``"auto"`` 1 until
     ``LEARN_BATCHES`` batches have been made, then what :meth:`learn` picks: enough batches
     for a task of ``TASK_SECONDS`` (the fixed cost of a task, ~0.2-0.4 ms of CPU on both
-    sides together, then stays under 1%; the median batch of the first ``LEARN_BATCHES``), at
+    sides together, then stays under 1%; the median of ``LEARN_BATCHES`` batches), at
     most ``cap`` (``MAX_BATCHES``, ``MAX_PROCESS_BATCHES`` for processes), ``limit`` (what the
     loader allows: an explicit ``prefetch`` must hold a worker's two tasks) and as many as
     ``room`` bytes hold, ``copies`` times over (the window and, in process mode, the
-    workers' slots, each that many batches per batch a task holds). ``grows_window``: the
+    workers' slots, each that many batches per batch a task holds). The first ``warmup``
+    batches learn nothing (the pool's first, made into fresh memory by workers that are
+    starting). ``grows_window``: the
     window (a default ``prefetch``) is counted in tasks, so it grows with ``size``.
     ``stopped`` says why grouping stopped, if it did (it does not start again). ``workers``:
     how many share the tasks (:meth:`size_at` shrinks the last tasks of an epoch to share them)."""
@@ -80,6 +88,7 @@ class Grouping:
     limit: int = MAX_BATCHES
     room: int | None = None
     copies: int = 1
+    warmup: int = 0
     grows_window: bool = False
     stopped: str | None = None
     picked: str | None = None  # under "auto": what it picked and why
@@ -117,6 +126,9 @@ class Grouping:
         """A batch made alone took ``seconds`` of work and holds ``nbytes``: under "auto",
         counted until there are enough to pick a size."""
         if not self.learning:
+            return
+        if self.warmup:
+            self.warmup -= 1
             return
         self._seconds.append(seconds)
         self._largest = max(self._largest, nbytes)
@@ -184,7 +196,17 @@ def make_grouping(execution: ExecutionOptions, collate: str) -> Grouping:
             room = free // 2 if room is None else min(room, free // 2)
     cap = MAX_PROCESS_BATCHES if execution.mode == "process" else MAX_BATCHES
     limit = cap if prefetch is None else max(1, prefetch // (PREFETCH_PER_WORKER * workers))
-    return Grouping(auto=True, workers=workers, cap=cap, limit=limit, room=room, copies=copies, grows_window=window)
+    warmup = workers * SLOTS_PER_WORKER  # the pool's first batches, into fresh memory
+    return Grouping(
+        auto=True,
+        workers=workers,
+        cap=cap,
+        limit=limit,
+        room=room,
+        copies=copies,
+        warmup=warmup,
+        grows_window=window,
+    )
 
 
 def mergeable(spec: BatchSpec) -> bool:
