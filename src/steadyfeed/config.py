@@ -176,7 +176,8 @@ class ExecutionOptions:
         "the consumer (execution/grouping.py): the fixed cost of handing a task over is paid once "
         "for them, which counts where a batch takes a few milliseconds or less to make. Each batch "
         "is the same whatever the number, and a task whose samples fail is made again batch by "
-        "batch. 'auto': 1 for the first 16 batches, then as many as make a task of ~50 ms, at "
+        "batch. 'auto': 1 until 16 batches are timed after the pool's first (8 a worker, into fresh "
+        "memory), then as many as make a task of ~50 ms, at "
         "most 8 (32 in process mode), within the memory and the prefetch allowed (stats()['batches_per_task']). A "
         "default prefetch grows with it",
         metavar="K|auto",
