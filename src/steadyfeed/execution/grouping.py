@@ -68,7 +68,7 @@ class Grouping:
     """How many batches a task holds, kept by the loader for the life of a pool.
 
     ``size`` is ``ExecutionOptions.batches_per_task``, or under ``"auto"`` 1 until
-    ``LEARN_BATCHES`` batches have been made, then what :meth:`learn` picks: enough batches
+    ``warmup`` and then ``LEARN_BATCHES`` batches have been made, then what :meth:`learn` picks: enough batches
     for a task of ``TASK_SECONDS`` (the fixed cost of a task, ~0.2-0.4 ms of CPU on both
     sides together, then stays under 1%; the median of ``LEARN_BATCHES`` batches), at
     most ``cap`` (``MAX_BATCHES``, ``MAX_PROCESS_BATCHES`` for processes), ``limit`` (what the
@@ -132,7 +132,7 @@ class Grouping:
             return
         self._seconds.append(seconds)
         self._largest = max(self._largest, nbytes)
-        if len(self._seconds) >= LEARN_BATCHES:  # the median: a worker's first batches also start it
+        if len(self._seconds) >= LEARN_BATCHES:  # the median: a stray slow batch moves it little
             self.size, self.picked = self._pick(statistics.median(self._seconds), self._largest)
 
     def _pick(self, seconds: float, nbytes: int) -> tuple[int, str]:
