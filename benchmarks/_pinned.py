@@ -41,11 +41,11 @@ class Pin:
 
     def text(self) -> str:
         if self.why_not:
-            return f"data not held in memory: {self.why_not} (reported)"
+            return f"data not held in memory: {self.why_not}"
         how = "locked (mlockall)" if self.locked else "mapped, not locked (mlockall refused)"
         return (
             f"data held in the page cache for the run: {self.size / 1e6:,.0f} MB in {self.files:,} files, "
-            f"{how}, by a keeper process (benchmarks/_pinned.py) (reported)"
+            f"{how}, by a keeper process (benchmarks/_pinned.py)"
         )
 
 
