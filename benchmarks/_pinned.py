@@ -80,8 +80,11 @@ def pinned(roots: list[str]) -> Iterator[Pin]:
     paths = files_under(roots)
     size = sum(os.path.getsize(p) for p in paths)
     available = available_bytes()
-    if not sys.platform.startswith("linux") or available is None:
+    if not sys.platform.startswith("linux"):
         yield Pin(why_not="not on Linux")
+        return
+    if available is None:
+        yield Pin(why_not="no /proc/meminfo to size it against")
         return
     if size > HALF_OF_AVAILABLE * available:
         yield Pin(why_not=f"{size / 1e6:,.0f} MB is more than half of the {available / 1e6:,.0f} MB available")
