@@ -360,6 +360,32 @@ def test_a_slower_consumer_keeps_the_workers():
     assert h.to_workers and h._phase == "keep"
 
 
+def test_a_pause_in_the_probe_does_not_hand_the_batches_to_slower_workers():
+    """Two of the consumer's probe batches caught a pause (2.1 ms among 630 us): counted whole,
+    they read the consumer 0.9x slower than workers that are not faster. They count at the median,
+    so the workers are measured again, lose, and the consumer keeps the batches."""
+    h = measured(settle=0)
+    feed(h, H.PROBE_BATCHES, 600 * US, 590 * US, 600 * US)
+    feed(h, 1 + H.ABORT_AFTER, 630 * US, 630 * US, 630 * US, made_here=True)  # the transition, warming up
+    feed(h, H.PROBE_BATCHES - H.ABORT_AFTER - 2, 630 * US, 630 * US, 630 * US, made_here=True)
+    assert h._phase == "probe"
+    feed(h, 2, 2.1 * MS, 2.1 * MS, 630 * US, made_here=True)
+    assert h._phase == "confirm"  # counted whole, the mean (735 us) had kept the workers (600 us)
+    confirmed(h, 600 * US)
+    assert not h.to_workers and h._phase == "keep"
+
+
+def test_the_consumers_own_work_between_batches_is_no_pause():
+    """A callback every seventh step (3 ms outside the loader) slows the consumer's cycles
+    whoever makes the batches: it stays in the probe's mean, and the workers keep the batches."""
+    h = H.MeasuredHandoff(settle=0, workers=2)
+    feed(h, H.PROBE_BATCHES, 900 * US, 850 * US, 1200 * US)
+    feed(h, 1 + H.ABORT_AFTER, 600 * US, 600 * US, 600 * US, made_here=True)
+    for k in range(H.PROBE_BATCHES - H.ABORT_AFTER):
+        feed(h, 1, 3.6 * MS if k % 7 == 6 else 600 * US, 600 * US, 600 * US, made_here=True)
+    assert h.to_workers and h._phase == "keep"  # 1.03 ms a cycle here against 0.9 ms
+
+
 def test_the_choice_is_measured_again_after_batches_and_seconds(monkeypatch):
     monkeypatch.setattr(H, "RECHECK_BATCHES", 10)
     monkeypatch.setattr(H, "RECHECK_SECONDS", 1.0)

@@ -27,7 +27,13 @@ both ways and keeps the faster:
    ``ABORT_AFTER`` after it, in which the consumer opens files and fills caches of its own:
    an HDF5 file's, read at random, made its first few batches 1.5x as slow as the rest),
    stopping early once the median of its counted cycles (``ABORT_AFTER`` at least) exceeds
-   ``ABORT_RATIO`` times the workers' mean;
+   ``ABORT_RATIO`` times the workers' mean. A batch the consumer took more than ``PAUSE_RATIO``
+   times the probe's median to make counts at that median: a pause (a time slice lost to
+   another thread or process, a garbage collection) that a few dozen batches cannot weigh.
+   Two threads on HDF5 rows lost the consumer's probe to such pauses (one of 2.1 ms among
+   cycles of 630 us read it 12% slower, on a VM) and kept the batches at 0.78x its speed. Only
+   the time inside the loader is capped: the consumer's own work between batches (a callback
+   every tenth step) is the same whoever makes them, and stays in the mean;
 3. when the consumer came out faster, or less than ``CONFIRM_MARGIN`` slower, the workers
    are measured once more (as long as a measure, and ``CONFIRM_SECONDS`` at least, after the
    pipeline refills) and keep
@@ -87,6 +93,7 @@ RECHECK_BATCHES = 2000
 RECHECK_SECONDS = 10.0
 ABORT_RATIO = 1.25
 ABORT_AFTER = 4
+PAUSE_RATIO = 2.0  # a batch made here this many times slower than the probe's median is a pause
 DRIFT_RATIO = 1.25  # the way kept is measured again once its cycles are this many times slower
 DRIFT_MARGIN = 1.1  # or this many times slower than the other way measured, or than its own
 DRIFT_AFTER = 256  # batches kept before the drift is looked at (a window measured after a decision holds one way)
@@ -100,6 +107,15 @@ WORK_STAGES = ("read", "transform", "collate")  # making a batch; "transport" is
 def work_seconds(stage_seconds: Mapping[str, float]) -> float:
     """The seconds of ``stage_seconds`` (a batch's timings, or totals) spent making batches."""
     return sum(stage_seconds.get(stage, 0.0) for stage in WORK_STAGES)
+
+
+def _without_pauses(rows: list[tuple[float, ...]]) -> float:
+    """The mean cycle of ``(cycle, in_loader)`` rows of batches made here, where a time in the
+    loader over ``PAUSE_RATIO`` times their median (a pause) counts as that median."""
+    median = statistics.median(inside for _, inside in rows)
+    return statistics.fmean(
+        cycle - inside + (inside if inside <= PAUSE_RATIO * median else median) for cycle, inside in rows
+    )
 
 
 class FixedHandoff:
@@ -227,7 +243,7 @@ class MeasuredHandoff:
             self._measure(cycle, in_loader, work_seconds(timings))
         elif self._phase == "probe":
             if made_here:  # batches still in flight from the workers do not count
-                self._probe(cycle)
+                self._probe(cycle, in_loader)
         elif self._phase == "confirm":
             if not made_here:
                 self._confirm(cycle, work_seconds(timings))
@@ -300,18 +316,18 @@ class MeasuredHandoff:
             self._keep(to_workers=True, cycle=self._pooled_cycle, rival=None)
         else:
             self._phase, self.to_workers = "probe", False
-            self._here: list[float] | None = None  # cycles of batches made here, once steady
+            self._here: _Cycles | None = None  # (cycle, in_loader) of batches made here, once steady
 
-    def _probe(self, cycle: float) -> None:
+    def _probe(self, cycle: float, in_loader: float) -> None:
         if self._here is None:  # the first batch made here follows the switch: not a steady cycle
-            self._here = []
+            self._here = _Cycles()
             return
-        self._here.append(cycle)
-        warm = self._here[ABORT_AFTER:]  # the first few open files and fill caches of the consumer's own
-        if len(warm) >= ABORT_AFTER and statistics.median(warm) > ABORT_RATIO * self._pooled_cycle:
-            self._keep(to_workers=True, cycle=self._pooled_cycle, rival=statistics.median(warm))
+        self._here.add(cycle, in_loader)
+        warm = self._here.rows[ABORT_AFTER:]  # the first few open files and fill caches of the consumer's own
+        if len(warm) >= ABORT_AFTER and statistics.median(c for c, _ in warm) > ABORT_RATIO * self._pooled_cycle:
+            self._keep(to_workers=True, cycle=self._pooled_cycle, rival=statistics.median(c for c, _ in warm))
         elif len(self._here) >= PROBE_BATCHES:
-            here = statistics.fmean(warm)
+            here = _without_pauses(warm)
             if CONFIRM_MARGIN * here >= self._pooled_cycle:  # the workers clearly faster
                 self._keep(to_workers=True, cycle=self._pooled_cycle, rival=here)
             else:  # as fast as the workers were, or faster: measure them again before handing the batches over
