@@ -362,8 +362,8 @@ def test_a_slower_consumer_keeps_the_workers():
 
 def test_a_pause_in_the_probe_does_not_hand_the_batches_to_slower_workers():
     """Two of the consumer's probe batches caught a pause (2.1 ms among 630 us): counted whole,
-    they read the consumer 0.9x slower than workers that are not faster. They count at the median,
-    so the workers are measured again, lose, and the consumer keeps the batches."""
+    they make workers measured at 600 us look clearly faster (the consumer at 735 us). They count
+    at the median, so the workers are measured again, lose, and the consumer keeps the batches."""
     h = measured(settle=0)
     feed(h, H.PROBE_BATCHES, 600 * US, 590 * US, 600 * US)
     feed(h, 1 + H.ABORT_AFTER, 630 * US, 630 * US, 630 * US, made_here=True)  # the transition, warming up

@@ -30,10 +30,10 @@ both ways and keeps the faster:
    ``ABORT_RATIO`` times the workers' mean. A batch the consumer took more than ``PAUSE_RATIO``
    times the probe's median to make counts at that median: a pause (a time slice lost to
    another thread or process, a garbage collection) that a few dozen batches cannot weigh.
-   Two threads on HDF5 rows lost the consumer's probe to such pauses (one of 2.1 ms among
-   cycles of 630 us read it 12% slower, on a VM) and kept the batches at 0.78x its speed. Only
-   the time inside the loader is capped: the consumer's own work between batches (a callback
-   every tenth step) is the same whoever makes them, and stays in the mean;
+   Two threads on HDF5 rows won the consumer's probe by such pauses (one of 2.1 ms among
+   cycles of ~650 us read it 8% slower, two 16%, on a VM) and kept the batches at 0.78x its
+   speed. Only the time inside the loader is capped: the consumer's own work between batches (a
+   callback every few steps) is the same whoever makes them, and stays in the mean;
 3. when the consumer came out faster, or less than ``CONFIRM_MARGIN`` slower, the workers
    are measured once more (as long as a measure, and ``CONFIRM_SECONDS`` at least, after the
    pipeline refills) and keep
