@@ -324,8 +324,9 @@ class MeasuredHandoff:
             return
         self._here.add(cycle, in_loader)
         warm = self._here.rows[ABORT_AFTER:]  # the first few open files and fill caches of the consumer's own
-        if len(warm) >= ABORT_AFTER and statistics.median(c for c, _ in warm) > ABORT_RATIO * self._pooled_cycle:
-            self._keep(to_workers=True, cycle=self._pooled_cycle, rival=statistics.median(c for c, _ in warm))
+        median = statistics.median(c for c, _ in warm) if len(warm) >= ABORT_AFTER else 0.0
+        if median > ABORT_RATIO * self._pooled_cycle:
+            self._keep(to_workers=True, cycle=self._pooled_cycle, rival=median)
         elif len(self._here) >= PROBE_BATCHES:
             here = _without_pauses(warm)
             if CONFIRM_MARGIN * here >= self._pooled_cycle:  # the workers clearly faster
