@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata
+import math
 import os
 import platform
 import statistics
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -34,6 +36,7 @@ class Result:
     seconds: float
     covered: bool
     peer: bool | None = None  # None: every family but steadyfeed is a peer
+    rounds: tuple[float, ...] = ()  # seconds of an epoch in each round, in run order (see paired)
 
     @property
     def rate(self) -> float:
@@ -72,11 +75,41 @@ def time_epochs(epoch: EpochFn, epochs: int, warmup: bool = True) -> tuple[bool,
     return covered, statistics.median(seconds)
 
 
-def time_interleaved(epoch_fns: list[EpochFn], epochs: int) -> list[tuple[bool, float, float]]:
+class Timing(NamedTuple):
+    """One loader's timed epochs: whether every epoch covered every sample, the first warm-up's
+    seconds, the median timed epoch's seconds, and each round's (see ``paired``)."""
+
+    covered: bool
+    warm: float
+    seconds: float
+    rounds: tuple[float, ...]
+
+
+def paired(a: Result, b: Result) -> float:
+    """``a``'s rate over ``b``'s: the median of their ratios round by round, where both ran
+    within seconds of each other. A machine whose speed drifts over minutes (30-50% on a shared
+    2-core VM) then slows both sides of each ratio alike, where a ratio of the two medians
+    compares epochs run minutes apart. Falls back to that ratio without rounds to pair."""
+    if not a.rounds or len(a.rounds) != len(b.rounds):
+        return a.rate / b.rate
+    return statistics.median(tb / ta for ta, tb in zip(a.rounds, b.rounds))
+
+
+def bracketed(before: Result, after: Result, setting: str) -> Result:
+    """One result of two runs of the same loader that bracket others in every round: each
+    round's seconds the geometric mean of theirs, which a drift that is linear over the round
+    leaves level with the loaders run in between."""
+    rounds = tuple(math.sqrt(x * y) for x, y in zip(before.rounds, after.rounds))
+    seconds = statistics.median(rounds) if rounds else math.sqrt(before.seconds * after.seconds)
+    covered = before.covered and after.covered
+    return Result(before.family, setting, before.samples, seconds, covered, before.peer, rounds)
+
+
+def time_interleaved(epoch_fns: list[EpochFn], epochs: int) -> list[Timing]:
     """All loaders open at once: a warm-up epoch (0) of each in turn, then ``epochs`` rounds
     that run one epoch of every loader in turn. Load that drifts over the minutes of a run
     (a shared machine) then weighs on every loader alike instead of on whichever ran at the
-    time. Returns, per loader: (every epoch covered, warm-up seconds, median timed seconds)."""
+    time. Returns a ``Timing`` per loader; its rounds are its timed epochs."""
     covered, warm, seconds = [], [], [[] for _ in epoch_fns]
     for epoch in epoch_fns:
         t0 = time.perf_counter()
@@ -87,17 +120,17 @@ def time_interleaved(epoch_fns: list[EpochFn], epochs: int) -> list[tuple[bool, 
             t0 = time.perf_counter()
             covered[k] &= epoch(e)
             seconds[k].append(time.perf_counter() - t0)
-    return [(c, w, statistics.median(s)) for c, w, s in zip(covered, warm, seconds)]
+    return [Timing(c, w, statistics.median(s), tuple(s)) for c, w, s in zip(covered, warm, seconds)]
 
 
 def time_in_rounds(
     openers: list[Callable[[], AbstractContextManager[EpochFn]]], epochs: int, rounds: int = 3
-) -> list[tuple[bool, float, float]]:
+) -> list[Timing]:
     """Loaders that must not be open at once, each opened ``rounds`` times: every round opens,
     warms up (epoch 0), times ``epochs // rounds`` epochs of and closes each loader in turn, so
     the drift of a shared machine weighs on all of them, as in ``time_interleaved``, though
-    only one is open at a time. Returns, per loader: (every epoch covered, the first warm-up's
-    seconds, the median of its timed epochs over all rounds)."""
+    only one is open at a time. Returns a ``Timing`` per loader: the median of its timed
+    epochs over all rounds, and each round's median."""
     per_round = max(1, epochs // rounds)
     covered, warm = [True] * len(openers), [0.0] * len(openers)
     seconds: list[list[float]] = [[] for _ in openers]
@@ -111,7 +144,10 @@ def time_in_rounds(
                     t0 = time.perf_counter()
                     covered[k] &= epoch(e)
                     seconds[k].append(time.perf_counter() - t0)
-    return [(c, w, statistics.median(s)) for c, w, s in zip(covered, warm, seconds)]
+    by_round = [
+        tuple(statistics.median(s[r * per_round : (r + 1) * per_round]) for r in range(rounds)) for s in seconds
+    ]
+    return [Timing(c, w, statistics.median(s), b) for c, w, s, b in zip(covered, warm, seconds, by_round)]
 
 
 def best(results: list[Result], peer: bool) -> Result:

@@ -123,8 +123,8 @@ def time_workload(source, epochs: int) -> list[float]:
     finally:
         for loader in loaders:
             loader.close()
-    assert all(covered for covered, _, _ in results), "coverage broken"
-    return [seconds for _, _, seconds in results]
+    assert all(t.covered for t in results), "coverage broken"
+    return [t.seconds for t in results]
 
 
 def load() -> str:
