@@ -11,11 +11,12 @@ in whichever epoch came next: a loader or a limit proxy timed partly on the disk
 page cache now) and locks its mappings (``mlockall``): locked pages are never reclaimed, and
 mapped ones are left to the last by reclaim (and skipped by a scheme for unmapped pages). The
 keeper is a process of its own so that no measured process carries 40,000 extra mappings; it
-exits when its stdin closes, so it cannot outlive the benchmark that started it.
+exits when the block ends or its stdin closes, so it cannot outlive the benchmark that started it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -101,13 +102,19 @@ def pinned(roots: list[str]) -> Iterator[Pin]:
             return
         yield Pin(int(said[0]), int(said[1]), said[2] == "locked")
     finally:
-        keeper.stdin.close()  # the keeper's signal to go
+        # the keeper's signal to go is a line, not the end of its stdin: a process forked in the
+        # block (a Keras or torch pool worker of a peer) holds this pipe open as well, and one
+        # that outlived its pool once kept a run waiting here for good
+        with contextlib.suppress(OSError):  # the keeper is gone already (its error is above)
+            keeper.stdin.write("\n")
+            keeper.stdin.close()
         keeper.wait()
 
 
 def keep() -> None:
     """The keeper: maps the files named on stdin (one a line, an empty line after the last),
-    locks what it mapped, says ``files bytes locked|mapped`` and holds them until stdin closes."""
+    locks what it mapped, says ``files bytes locked|mapped`` and holds them until the benchmark
+    says go (a line) or exits (the end of stdin)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
@@ -130,7 +137,7 @@ def keep() -> None:
             os.close(fd)
     locked = libc.mlockall(MCL_CURRENT) == 0
     print(files, held, "locked" if locked else "mapped", flush=True)
-    sys.stdin.read()  # until the benchmark closes it, or exits
+    sys.stdin.readline()
 
 
 if __name__ == "__main__":

@@ -1628,8 +1628,17 @@ def run_in_child(key: str, args, data_dir: str) -> list[tuple[str, bool | None]]
             return [tuple(line) for line in json.load(f)]
 
 
-if __name__ == "__main__":
-    # a SIGTERM unwinds like an exception: subprocess.run kills the dataset's child run, and
-    # the pools shut down (their processes also end by themselves once their parent is gone)
+def exit_on_sigterm() -> None:
+    """A SIGTERM unwinds like an exception: subprocess.run kills the dataset's child run, and
+    the pools shut down (their processes also end by themselves once their parent is gone).
+    In this process only: a process forked from it (a worker of Keras's multiprocessing pool,
+    torch's DataLoader) gets the default back, so that its pool's terminate() ends it as it
+    would in any program. One that inherited the handler once outlived its pool's terminate(),
+    blocked on the pool's task queue, with the pool's join waiting on it for good."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+
+
+if __name__ == "__main__":
+    exit_on_sigterm()
     main()

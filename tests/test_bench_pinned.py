@@ -4,6 +4,7 @@ keeper is gone once the block ends."""
 
 import ctypes
 import mmap
+import multiprocessing
 import os
 import sys
 
@@ -69,6 +70,26 @@ def test_pinned_files_stay_in_the_page_cache_and_the_keeper_goes_after(tmp_path)
     assert not _is_keeper(keepers[0])
     drop(pinned_file)
     assert resident_pages(pinned_file) == 0  # let go with the block
+
+
+def test_a_process_forked_in_the_block_does_not_keep_the_keeper(tmp_path):
+    # a forked child holds the keeper's stdin open too (a Keras pool worker once outlived its
+    # pool): the block must still end, and the keeper with it, while the child lives on
+    written(str(tmp_path / "a.npy"))
+    fork = multiprocessing.get_context("fork")
+    release = fork.Event()
+    with _pinned.pinned([str(tmp_path)]) as pin:
+        assert pin.files == 1
+        keepers = [p for p in os.listdir("/proc") if p.isdigit() and _is_keeper(p)]
+        child = fork.Process(target=release.wait, args=(60,))
+        child.start()
+    try:
+        assert child.is_alive()
+        assert not _is_keeper(keepers[0])
+    finally:
+        release.set()
+        child.join(30)
+    assert child.exitcode == 0
 
 
 def test_data_too_large_for_memory_is_not_pinned(tmp_path, monkeypatch):
