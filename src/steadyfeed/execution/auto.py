@@ -29,7 +29,9 @@ few more in two threads at once, and picks:
   epochs that followed), then is timed over it again, ``TRIAL_TIMINGS`` times for
   ``TRIAL_SECONDS`` each, in turn with the other pool (:func:`paces`; both pools live through
   the trial, the idle one waiting), and the faster is kept, by each pool's fastest timing (a
-  stall of the machine slows a timing, nothing speeds one up). Both are timed on data they
+  stall of the machine slows a timing, nothing speeds one up), threads only where they were
+  ``TRIAL_THREAD_MARGIN`` times faster: the trial's consumer does nothing between batches, a
+  program's holds the GIL some of that time, which slows thread workers and not processes. Both are timed on data they
   read once already, however much of it the page cache holds: timed on the second half, where
   the page cache held only the first, 2 processes made 112 batches/s against 2 threads' 829 on
   the first. For such tasks, what shipping one from a process costs is of the order of what
@@ -97,6 +99,14 @@ TRIAL_MIN_BATCHES = 32  # and holds at least this many batches
 # timings of each pool, in turn with the other's: one fresh-clone run timed 2 processes at 375
 # batches/s (2,272-3,447 in every other run, 2 threads 1,590) and kept threads, at 0.54x
 TRIAL_TIMINGS = 3
+# threads are kept only where the trial timed them this many times faster than processes. The
+# trial's consumer takes its batches and does nothing else; a program's consumer runs Python
+# between batches (its step's dispatch, callbacks, its own checks), holding the GIL that thread
+# workers need and process workers do not. Page-cached HDF5 rows in order (h5py's own lock
+# serialises the threads' reads): the trial timed 2 threads level with 2 processes (16.1k
+# against 16.0k batches/s; 15.2k against 13.1k), where a consumer that checked each batch (8 us
+# of numpy) then got 1.20-1.25x as many batches from the processes, and 0.62x from the threads kept
+TRIAL_THREAD_MARGIN = 1.25
 
 
 @dataclass(frozen=True)
@@ -396,7 +406,7 @@ def _faster(rates: dict[str, float], workers: int, reason: str) -> tuple[Mode, s
         f"timed warm on the epoch's first half ({TRIAL_TIMINGS} times each, in turn; the fastest), "
         f"{workers} thread(s) made {rates['thread']:,.0f} batches/s and {workers} process(es) {rates['process']:,.0f}"
     )
-    if rates["process"] > rates["thread"]:
+    if rates["thread"] < TRIAL_THREAD_MARGIN * rates["process"]:
         return "process", f"{reason}; {timed}"
     return "thread", f"{reason}, but {timed}: shipping these cheap tasks from a process costs more than the GIL"
 
