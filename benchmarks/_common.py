@@ -37,6 +37,7 @@ class Result:
     covered: bool
     peer: bool | None = None  # None: every family but steadyfeed is a peer
     rounds: tuple[float, ...] = ()  # seconds of an epoch in each round, in run order (see paired)
+    group: str = ""  # the loaders timed in the same rounds share one (see paired)
 
     @property
     def rate(self) -> float:
@@ -89,8 +90,9 @@ def paired(a: Result, b: Result) -> float:
     """``a``'s rate over ``b``'s: the median of their ratios round by round, where both ran
     within seconds of each other. A machine whose speed drifts over minutes (30-50% on a shared
     2-core VM) then slows both sides of each ratio alike, where a ratio of the two medians
-    compares epochs run minutes apart. Falls back to that ratio without rounds to pair."""
-    if not a.rounds or len(a.rounds) != len(b.rounds):
+    compares epochs run minutes apart. Falls back to that ratio where the two were not timed
+    in the same rounds (no group, or different ones)."""
+    if not a.rounds or not a.group or a.group != b.group or len(a.rounds) != len(b.rounds):
         return a.rate / b.rate
     return statistics.median(tb / ta for ta, tb in zip(a.rounds, b.rounds))
 
@@ -102,7 +104,7 @@ def bracketed(before: Result, after: Result, setting: str) -> Result:
     rounds = tuple(math.sqrt(x * y) for x, y in zip(before.rounds, after.rounds))
     seconds = statistics.median(rounds) if rounds else math.sqrt(before.seconds * after.seconds)
     covered = before.covered and after.covered
-    return Result(before.family, setting, before.samples, seconds, covered, before.peer, rounds)
+    return Result(before.family, setting, before.samples, seconds, covered, before.peer, rounds, before.group)
 
 
 def time_interleaved(epoch_fns: list[EpochFn], epochs: int) -> list[Timing]:

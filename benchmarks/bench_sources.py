@@ -1272,12 +1272,13 @@ def run_all(key: str, ds: Dataset, path: str, n: int, epochs: int) -> list[Resul
     so loaders open at once would run under whichever cache setting opened first (measured:
     Hdf5Source's shuffled reads and the bulk read 4-10x slower)."""
     chosen = settings(key)
-    timings = {}
-    for group, together, count in timing_groups(ds, chosen, epochs):
+    timings, groups = {}, {}
+    for g, (group, together, count) in enumerate(timing_groups(ds, chosen, epochs)):
         openers = [
             functools.partial(runner, ds, path, n, **kwargs) for _, _, runner, kwargs in map(chosen.__getitem__, group)
         ]
         timings.update(zip(group, (time_together if together else time_in_rounds)(openers, count)))
+        groups.update(dict.fromkeys(group, f"{key} {g}"))
     results = []
     for k, (family, label, _, kwargs) in enumerate(chosen):
         covered, warm, seconds, rounds = timings[k]
@@ -1286,7 +1287,7 @@ def run_all(key: str, ds: Dataset, path: str, n: int, epochs: int) -> list[Resul
         if kwargs.get("cache"):  # a cached loader's warm-up is the epoch that fills the cache
             results.append(Result(family, f"{label}, epoch 1 (fills)", n, warm, covered, peer=False))
             label = f"{label}, epoch 2+ (cached)"
-        results.append(Result(family, label, n, seconds, covered, peer=peer, rounds=rounds))
+        results.append(Result(family, label, n, seconds, covered, peer=peer, rounds=rounds, group=groups[k]))
     return results
 
 

@@ -22,9 +22,9 @@ else:
 pytestmark = pytest.mark.timeout(60)
 
 
-def result(*rounds: float) -> _common.Result:
+def result(*rounds: float, group: str = "timed together") -> _common.Result:
     seconds = statistics.median(rounds) if rounds else 1.0
-    return _common.Result("steadyfeed", "setting", 100, seconds, True, rounds=rounds)
+    return _common.Result("steadyfeed", "setting", 100, seconds, True, rounds=rounds, group=group)
 
 
 def test_a_speed_switch_between_two_loaders_of_one_round_is_outvoted():
@@ -38,9 +38,11 @@ def test_a_speed_switch_between_two_loaders_of_one_round_is_outvoted():
 
 
 def test_without_rounds_to_pair_the_ratio_is_of_the_medians():
-    a, b = result(1.0, 1.0, 4.0), result()
-    assert _common.paired(a, b) == pytest.approx(a.rate / b.rate)
-    assert _common.paired(a, result(1.0, 2.0)) == pytest.approx(1.5)  # rounds of different runs
+    a = result(1.0, 1.0, 4.0)
+    assert _common.paired(a, result()) == pytest.approx(a.rate / result().rate)
+    assert _common.paired(a, result(1.0, 2.0)) == pytest.approx(1.5)
+    # as many rounds, but other ones (the peers' group): their k-th rounds ran minutes apart
+    assert _common.paired(a, result(1.0, 4.0, 4.0, group="peers")) == pytest.approx(4.0)
 
 
 def test_a_reference_run_before_and_after_cancels_a_steady_drift():
