@@ -100,6 +100,7 @@ import numpy as np
 from _common import (
     EpochFn,
     Result,
+    Timing,
     bracketed,
     bullets,
     coverage_failures,
@@ -1256,7 +1257,7 @@ def timing_groups(ds: Dataset, chosen: list[tuple], epochs: int) -> list[tuple[l
     return [(group, True, rounds) for group in judged] + [(rest, key != "hdf5", epochs)]
 
 
-def time_together(openers: list[Callable], epochs: int) -> list:
+def time_together(openers: list[Callable], epochs: int) -> list[Timing]:
     """``time_interleaved`` over loaders opened at once, closed when done."""
     with ExitStack() as stack:
         return time_interleaved([stack.enter_context(opener()) for opener in openers], epochs)
