@@ -35,10 +35,10 @@ few more in two threads at once, and picks:
   Both are timed on data they read once already, however much of it the page cache holds:
   timed on the second half, where the page cache held only the first, 2 processes made 112
   batches/s against 2 threads' 829 on the first. For such tasks, what shipping one from a
-  process costs is of the order of what threads lose to the GIL or win by overlap (a worker's read beside the consumer's own work),
-  and the probe sees only the GIL: page-cached HDF5 rows in order (2.3 ms a task of 8 batches)
-  probed 0.64x on two threads, and once made 2 threads 1.4-1.7x as fast as 2 processes; the
-  trial weighs both. Costlier tasks (JPEG: 8 batches, ~30 ms) are not timed.
+  process costs is of the order of what threads lose to the GIL or win by overlap (a worker's
+  read beside the consumer's own work), and the probe sees only the GIL: page-cached HDF5 rows
+  in order (2.3 ms a task of 8 batches) probed 0.64x on two threads, and once made 2 threads
+  1.4-1.7x as fast as 2 processes; the trial weighs both. Costlier tasks (JPEG: 8 batches, ~30 ms) are not timed.
 
 The probe's and the trial's batches are made and dropped: they cost a few batches of time,
 once (a trial: each pool's warm-up half and ``TRIAL_TIMINGS`` times ``TRIAL_SECONDS``, and one
