@@ -38,7 +38,8 @@ few more in two threads at once, and picks:
   process costs is of the order of what threads lose to the GIL or win by overlap (a worker's
   read beside the consumer's own work), and the probe sees only the GIL: page-cached HDF5 rows
   in order (2.3 ms a task of 8 batches) probed 0.64x on two threads, and once made 2 threads
-  1.4-1.7x as fast as 2 processes; the trial weighs both. Costlier tasks (JPEG: 8 batches, ~30 ms) are not timed.
+  1.4-1.7x as fast as 2 processes; the trial weighs both. Costlier tasks (JPEG: 8 batches,
+  ~30 ms) are not timed.
 
 The probe's and the trial's batches are made and dropped: they cost a few batches of time,
 once (a trial: each pool's warm-up half and ``TRIAL_TIMINGS`` times ``TRIAL_SECONDS``, and one
