@@ -446,7 +446,8 @@ def test_a_ctrl_c_while_a_trial_pool_stops_leaves_no_worker_once_the_epoch_has_e
 
 def test_a_loader_times_both_pools_for_cheap_tasks_and_delivers_the_batches_of_workers_0(monkeypatch, no_leaks):
     """Real pools, timed on real batches: which wins is the machine's business, so the test
-    asserts that both were timed, that the pick is the faster, and that nothing else changed."""
+    asserts that both were timed, that the pick is the faster (threads by the trial's margin),
+    and that nothing else changed."""
     scripted(monkeypatch, HDF5_ROWS)
     firsts, pools, real_paces = [], [], auto.paces  # each pool's passes: the first batch of each
 
@@ -488,7 +489,8 @@ def test_a_loader_times_both_pools_for_cheap_tasks_and_delivers_the_batches_of_w
     rates = picked["trial"]
     assert set(rates) == {"thread", "process"} and min(rates.values()) > 0
     assert {pool: max(timings) for pool, timings in picked["trial_timings"].items()} == rates
-    assert picked["mode"] == ("process" if rates["process"] > rates["thread"] else "thread") == stats["mode"]
+    threads_kept = rates["thread"] >= auto.TRIAL_THREAD_MARGIN * rates["process"]  # by the trial's margin
+    assert picked["mode"] == ("thread" if threads_kept else "process") == stats["mode"]
     assert (
         "timed warm on the epoch's first half" in picked["reason"] and stats["batches"] == 400
     )  # the trial's batches are not counted
