@@ -34,12 +34,17 @@ both ways and keeps the faster:
    cycles of ~650 us read it 8% slower, two 16%, on a VM) and kept the batches at 0.78x its
    speed. Only the time inside the loader is capped: the consumer's own work between batches (a
    callback every few steps) is the same whoever makes them, and stays in the mean;
-3. when the consumer came out faster, or less than ``CONFIRM_MARGIN`` slower, the workers
+3. after the probe, whichever way came out faster, the workers
    are measured once more (as long as a measure, and ``CONFIRM_SECONDS`` at least, after the
    pipeline refills) and keep
    the batches only if they now beat the consumer by ``CONFIRM_MARGIN`` (a second measure
    that merely ties the probe is noise, and a tie goes to the consumer: workers are never to
-   be a slowdown). The first measure may have been taken while the data was cold (a page
+   be a slowdown). Two measures taken one after the other differ by their noise as well:
+   two threads on shuffled HDF5 rows, which never beat the consumer there (h5py holds the
+   GIL while it reads), once measured 239 us a batch against its 284 and kept the batches at
+   0.9x its speed; measured again, they made them at 283 us. A probe cut short (the consumer
+   clearly slower) costs that second measure only, made by the workers at their own speed.
+   The first measure may have been taken while the data was cold (a page
    cache filling, the kernel's readahead of a pack under way), and a consumer probed after
    it then looks faster for the warmer data, not for making batches itself: on a cold pack
    of JPEGs that kept two decoding threads' batches in one thread for a whole epoch. Where
@@ -325,16 +330,17 @@ class MeasuredHandoff:
         self._here.add(cycle, in_loader)
         warm = self._here.rows[ABORT_AFTER:]  # the first few open files and fill caches of the consumer's own
         median = statistics.median(c for c, _ in warm) if len(warm) >= ABORT_AFTER else 0.0
-        if median > ABORT_RATIO * self._pooled_cycle:
-            self._keep(to_workers=True, cycle=self._pooled_cycle, rival=median)
+        if median > ABORT_RATIO * self._pooled_cycle:  # clearly slower: no need to probe on
+            self._start_confirming(here=median)
         elif len(self._here) >= PROBE_BATCHES:
-            here = _without_pauses(warm)
-            if CONFIRM_MARGIN * here >= self._pooled_cycle:  # the workers clearly faster
-                self._keep(to_workers=True, cycle=self._pooled_cycle, rival=here)
-            else:  # as fast as the workers were, or faster: measure them again before handing the batches over
-                self._phase, self.to_workers = "confirm", True
-                self._here_cycle, self._settle = here, self.settle
-                self._again = _Cycles()  # (cycle, work)
+            self._start_confirming(here=_without_pauses(warm))
+
+    def _start_confirming(self, here: float) -> None:
+        """Measure the workers again, against a consumer probed at a mean cycle of ``here``,
+        whichever came out faster (point 3 of the module's docstring)."""
+        self._phase, self.to_workers = "confirm", True
+        self._here_cycle, self._settle = here, self.settle
+        self._again = _Cycles()  # (cycle, work)
 
     def _workers_cycle(self, cycles, works) -> float:
         """The workers' mean cycle, never below what their work allows: ``workers`` of them
