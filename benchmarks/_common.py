@@ -14,10 +14,10 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -26,6 +26,8 @@ import steadyfeed
 os.environ["KERAS_BACKEND"] = "torch"  # only torch is installed as a Keras backend here
 
 EpochFn = Callable[[int], bool]  # runs epoch e, returns whether it covered every sample
+# (family, label, runner, keyword arguments): ``runner(..., **kwargs)`` opens a loader as an EpochFn
+Setting = tuple[str, str, Callable[..., AbstractContextManager[EpochFn]], dict[str, Any]]
 
 
 @dataclass
@@ -112,7 +114,8 @@ def time_interleaved(epoch_fns: list[EpochFn], epochs: int) -> list[Timing]:
     that run one epoch of every loader in turn. Load that drifts over the minutes of a run
     (a shared machine) then weighs on every loader alike instead of on whichever ran at the
     time. Returns a ``Timing`` per loader; its rounds are its timed epochs."""
-    covered, warm, seconds = [], [], [[] for _ in epoch_fns]
+    covered, warm = [], []
+    seconds: list[list[float]] = [[] for _ in epoch_fns]
     for epoch in epoch_fns:
         t0 = time.perf_counter()
         covered.append(epoch(0))
@@ -126,7 +129,7 @@ def time_interleaved(epoch_fns: list[EpochFn], epochs: int) -> list[Timing]:
 
 
 def time_in_rounds(
-    openers: list[Callable[[], AbstractContextManager[EpochFn]]], epochs: int, rounds: int = 3
+    openers: Sequence[Callable[[], AbstractContextManager[EpochFn]]], epochs: int, rounds: int = 3
 ) -> list[Timing]:
     """Loaders that must not be open at once, each opened ``rounds`` times: every round opens,
     warms up (epoch 0), times ``epochs // rounds`` epochs of and closes each loader in turn, so

@@ -93,6 +93,7 @@ def pinned(roots: list[str]) -> Iterator[Pin]:
     keeper = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
+    assert keeper.stdin is not None and keeper.stdout is not None  # both piped above
     try:
         keeper.stdin.write("".join(p + "\n" for p in paths) + "\n")  # an empty line ends the list
         keeper.stdin.flush()

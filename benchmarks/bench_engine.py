@@ -30,6 +30,7 @@ import numpy as np
 from _common import (
     EpochFn,
     Result,
+    Setting,
     best,
     bullets,
     coverage_failures,
@@ -157,8 +158,12 @@ class TorchSamples:
 def torch_epochs(x, y, wl: Workload, workers: int) -> Iterator[EpochFn]:
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(
-        TorchSamples(x, y, wl.transform), batch_size=wl.batch_size, num_workers=workers, persistent_workers=workers > 0
+    # torch takes any object with __len__ and __getitem__; its annotation asks for its Dataset class
+    loader: DataLoader = DataLoader(
+        TorchSamples(x, y, wl.transform),  # type: ignore[arg-type]
+        batch_size=wl.batch_size,
+        num_workers=workers,
+        persistent_workers=workers > 0,
     )
 
     def epoch(e: int) -> bool:
@@ -170,7 +175,7 @@ def torch_epochs(x, y, wl: Workload, workers: int) -> Iterator[EpochFn]:
         del loader  # persistent workers shut down with their iterator
 
 
-SETTINGS = (  # (family, label, runner, keyword arguments)
+SETTINGS: tuple[Setting, ...] = (
     ("steadyfeed", "thread w0", steadyfeed_epochs, dict(workers=0, mode="thread")),
     ("steadyfeed", "thread w1", steadyfeed_epochs, dict(workers=1, mode="thread")),
     ("steadyfeed", "thread w2", steadyfeed_epochs, dict(workers=2, mode="thread")),

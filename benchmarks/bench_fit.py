@@ -265,7 +265,7 @@ def report(name: str, best: dict) -> None:
             flush=True,
         )
     peers = {k: v for k, v in waits.items() if k != "no-data baseline"}
-    lowest = min(peers, key=peers.get)
+    lowest = min(peers, key=peers.__getitem__)
     verdict = "target met" if lowest.startswith("steadyfeed") else "target missed"
     if os.environ["KERAS_BACKEND"] != "torch":  # the fetch is inside the step there: the gap shows ~0 for all
         verdict = f"no verdict: the gap shows no data wait on {os.environ['KERAS_BACKEND']}, run on torch"
@@ -320,7 +320,7 @@ def main() -> None:
         print("|---|---|---:|---:|---:|---:|")
         with pinned([root]) as pin:  # a warm page cache for every feeder alike (_pinned.py)
             for name, (source, shape, scale) in datasets.items():
-                results = {feeder: [] for feeder in FEEDERS}
+                results: dict[str, list[Timing]] = {feeder: [] for feeder in FEEDERS}
                 for _ in range(args.rounds):  # interleaved rounds: a burst of load on a shared machine hits all
                     for feeder, make in FEEDERS.items():
                         results[feeder].append(run_one(make, source, shape, scale, args.warmup, steps))

@@ -114,13 +114,19 @@ def read_into(files: list[tuple[str, str]], sizes: list[int], cell: memoryview, 
             at = 0 if reused else at + size
 
 
+def buffer_of(segment: shared_memory.SharedMemory) -> memoryview:
+    """The segment's memory (None only once the segment is closed)."""
+    assert segment.buf is not None
+    return segment.buf
+
+
 def stream_part(batches: list[list[tuple[str, str]]], cells_name: str, results, tokens) -> None:
     """A streaming worker: each of ``batches`` into a free cell of segment ``cells_name`` (a cell
     is free once its index arrives on ``tokens``), its cell's index sent on ``results``."""
     sizes = [os.path.getsize(p) for p in batches[0][0]]
     cell_bytes = BATCH * sum(sizes)
     segment = shared_memory.SharedMemory(name=cells_name)
-    view = segment.buf
+    view = buffer_of(segment)
     free: list[int] = []
     results.send_bytes(b"ready")
     try:
@@ -146,7 +152,7 @@ def streamed_rate(files: list[tuple[str, str]]) -> float:
     try:
         for w in range(2):
             segment = shared_memory.SharedMemory(create=True, size=STREAM_CELLS * cell_bytes)
-            segment.buf[:] = bytes(segment.size)  # written once, as every destination is
+            buffer_of(segment)[:] = bytes(segment.size)  # written once, as every destination is
             segments.append(segment)
             mine, theirs = spawn.Pipe(duplex=False)
             taken, give = spawn.Pipe(duplex=False)
@@ -159,7 +165,7 @@ def streamed_rate(files: list[tuple[str, str]]) -> float:
             workers.append(process)
         for pipe in results:
             assert pipe.recv_bytes() == b"ready"
-        cells = [np.frombuffer(segment.buf, np.uint8) for segment in segments]
+        cells = [np.frombuffer(buffer_of(segment), np.uint8) for segment in segments]
         begin = time.perf_counter()
         for give in tokens:
             os.write(give.fileno(), bytes(range(STREAM_CELLS)))

@@ -176,11 +176,13 @@ def later_epoch(source, data: str, packs: str, with_pack: bool, decoded: float) 
 
 def bench(name: str, source, data: str, packs: str, repeat: int, decoded: float = 0.0) -> dict:
     decodes = isinstance(source, sf.ImageFolder)  # packed as its files' bytes: reading it back decodes them
-    firsts = {"files": [], "pack_to": []}
-    ready, later = [], {"files": [], "pack": [], "pack read": [], **({"decode": []} if decodes else {})}
+    firsts: dict[str, list[float]] = {"files": [], "pack_to": []}
+    later: dict[str, list[float]] = {"files": [], "pack": [], "pack read": [], **({"decode": []} if decodes else {})}
+    ready: list[float] = []
     for _ in range(repeat):  # in turns, so both sides of each ratio see the same load
         firsts["files"].append(first_epoch(source, data, packs, False, decoded)[0])
         seconds, until_ready = first_epoch(source, data, packs, True, decoded)
+        assert until_ready is not None  # with a pack
         firsts["pack_to"].append(seconds)
         ready.append(until_ready)
     for _ in range(repeat):  # the last first-epoch run left a pack behind

@@ -32,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sized
 
 import numpy as np
 from _common import time_interleaved
@@ -140,7 +141,10 @@ def throughput(args) -> None:
     try:
         with tempfile.TemporaryDirectory() as root:
             make_jpegs(root, args.images)
-            workloads = [("no-op", NoopSource(args.noop)), ("jpeg", steadyfeed.ImageFolder(root))]
+            workloads: list[tuple[str, Sized]] = [
+                ("no-op", NoopSource(args.noop)),
+                ("jpeg", steadyfeed.ImageFolder(root)),
+            ]
             workloads += [(f"cpu {us:g} µs/sample", BusySource(args.cpu, us, rate)) for us in args.cpu_us]
             rows = []
             for name, source in workloads:
@@ -222,7 +226,8 @@ def one_loss(cluster, node, source) -> dict:
         t0 = time.monotonic()
         list(loader.epoch(0))
         clean = time.monotonic() - t0
-        ids, killed, acted, longest, last = [], None, None, 0.0, None
+        ids, killed, acted, longest = [], None, None, 0.0
+        last = 0.0  # read once a node was killed, by then the last batch's time
         t0 = time.monotonic()
         for i, batch in enumerate(loader.epoch(1)):
             now = time.monotonic()

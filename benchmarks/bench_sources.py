@@ -92,14 +92,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 from _common import (
     EpochFn,
     Result,
+    Setting,
     Timing,
     bracketed,
     bullets,
@@ -647,8 +648,14 @@ def torch_epochs(ds: Dataset, path: str, n: int, workers: int) -> Iterator[Epoch
     from torch.utils.data import DataLoader
 
     samples = TorchSamples(ds.key, path)
-    # persistent workers: started in the warm-up epoch, not timed again (torch's fastest setting)
-    loader = DataLoader(samples, batch_size=BATCH, num_workers=workers, persistent_workers=workers > 0)
+    # persistent workers: started in the warm-up epoch, not timed again (torch's fastest setting).
+    # torch takes any object with __len__ and __getitem__; its annotation asks for its Dataset class
+    loader: DataLoader = DataLoader(
+        samples,  # type: ignore[arg-type]
+        batch_size=BATCH,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+    )
 
     # One intra-op thread while torch's epoch runs, as torch sets in its own workers: with the
     # default (one per core) the main process's collate (torch.stack) spins its OpenMP threads
@@ -731,13 +738,13 @@ def tf_dataset(ds: Dataset, path: str, n: int, variant: str, h5: H5Rows, dct_met
             lo, hi = int(b) * BATCH, min((int(b) + 1) * BATCH, n)
             return images[lo:hi], labels[lo:hi]
 
-        def load(b):
+        def load_batch(b):
             x, y = tf.numpy_function(read_batch, [b], (tf.uint8, tf.int64))
             x.set_shape((None, *HDF5_SHAPE))
             y.set_shape((None,))
             return x, y
 
-        return tf.data.Dataset.range(math.ceil(n / BATCH)).map(load, num_parallel_calls=auto).prefetch(auto)
+        return tf.data.Dataset.range(math.ceil(n / BATCH)).map(load_batch, num_parallel_calls=auto).prefetch(auto)
 
     # jpeg: the tf.data tutorial's pipeline: read_file + decode_jpeg mapped with AUTOTUNE,
     # batch, prefetch. Labels listed from the class folders like image_dataset_from_directory.
@@ -925,14 +932,14 @@ def limit_epochs(ds: Dataset, path: str, n: int, processes: int, threads: bool =
     can reach: the decoder releases the GIL, the loop's own Python does not); an epoch's time
     is the wall time until every part is done."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+    from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 
     files = limit_files(ds, path)
     work = read_npy_part if ds.key == "npy" else decode_jpeg_part
     bounds = np.linspace(0, n, processes + 1).astype(int).tolist()
     parts = list(zip(bounds[:-1], bounds[1:]))
     with ExitStack() as stack:
-        pool = None
+        pool: Executor | None = None
         if processes == 1 or threads:
             keep_files(files)
             stack.callback(keep_files, ())
@@ -979,7 +986,8 @@ def slot_offsets(x_spec: tuple, y_spec: tuple) -> tuple[int, int, int]:
 
 def slot_views(buf, x_spec: tuple, y_spec: tuple) -> tuple[np.ndarray, np.ndarray]:
     x_at, y_at, _ = slot_offsets(x_spec, y_spec)
-    return np.ndarray(*x_spec, buffer=buf, offset=x_at), np.ndarray(*y_spec, buffer=buf, offset=y_at)
+    (x_shape, x_dtype), (y_shape, y_dtype) = x_spec, y_spec
+    return np.ndarray(x_shape, x_dtype, buffer=buf, offset=x_at), np.ndarray(y_shape, y_dtype, buffer=buf, offset=y_at)
 
 
 def make_batch_into(files: tuple, ds_key: str, ids: range, x: np.ndarray, y: np.ndarray) -> None:
@@ -1047,6 +1055,8 @@ def handoff_epochs(ds: Dataset, path: str, n: int, processes: int) -> Iterator[E
     from multiprocessing import shared_memory
 
     files = limit_files(ds, path)
+    x_spec: tuple[tuple[int, ...], str]  # (a batch's shape, its dtype)
+    y_spec: tuple[tuple[int, ...], str]
     if ds.key == "npy":
         first = np.load(files[0][0], mmap_mode="r")
         x_spec, y_spec = ((BATCH, *first.shape), first.dtype.str), ((BATCH, 1), np.load(files[1][0]).dtype.str)
@@ -1096,12 +1106,12 @@ def handoff_epochs(ds: Dataset, path: str, n: int, processes: int) -> Iterator[E
 # order. Interleaved datasets build every loader first, tf.data's too (which imports
 # TensorFlow), so Keras process pools and torch workers fork a process that has loaded
 # TensorFlow: fine, since the forked workers run only numpy, h5py and PIL.
-STEADYFEED = (
+STEADYFEED: tuple[Setting, ...] = (
     ("steadyfeed", "w0", steadyfeed_epochs, dict(workers=0, mode="thread")),
     ("steadyfeed", "thread w2", steadyfeed_epochs, dict(workers=2, mode="thread")),
     ("steadyfeed", "process w2", steadyfeed_epochs, dict(workers=2, mode="process")),
 )
-PEERS = (
+PEERS: tuple[Setting, ...] = (
     ("keras", "PyDataset w1", keras_epochs, dict(workers=1, use_multiprocessing=False)),
     ("keras", "PyDataset w2 threads", keras_epochs, dict(workers=2, use_multiprocessing=False)),
     ("keras", "PyDataset w2 processes", keras_epochs, dict(workers=2, use_multiprocessing=True)),
@@ -1109,10 +1119,10 @@ PEERS = (
     ("torch", "DataLoader w2 persistent", torch_epochs, dict(workers=2)),
 )
 # workers="auto" (execution/auto.py) measures and picks; the fixed settings above are what it must match
-AUTO = ("steadyfeed", "auto", steadyfeed_epochs, dict(workers="auto", mode="thread"))
+AUTO: Setting = ("steadyfeed", "auto", steadyfeed_epochs, dict(workers="auto", mode="thread"))
 STEADYFEED_FAST = tuple((f, s + " fast", r, {**kw, "fast": True}) for f, s, r, kw in (*STEADYFEED, AUTO))  # JPEG only
-TF_DATA = ("tf.data", "map AUTOTUNE + prefetch", tf_epochs, {})
-TF_JPEG = (  # decode_jpeg's default is the fast DCT; the accurate one is ImageFolder's default
+TF_DATA: Setting = ("tf.data", "map AUTOTUNE + prefetch", tf_epochs, {})
+TF_JPEG: tuple[Setting, ...] = (  # decode_jpeg's default is the fast DCT; the accurate one is ImageFolder's default
     ("tf.data", "decode_jpeg default (fast DCT), map AUTOTUNE + prefetch", tf_epochs, {}),
     (
         "tf.data",
@@ -1121,14 +1131,14 @@ TF_JPEG = (  # decode_jpeg's default is the fast DCT; the accurate one is ImageF
         dict(dct_method="INTEGER_ACCURATE"),
     ),
 )
-NPY_LIMIT = ("limit", "raw read by 2 processes", limit_epochs, dict(processes=2))
-NPY_HANDOFF = (
+NPY_LIMIT: Setting = ("limit", "raw read by 2 processes", limit_epochs, dict(processes=2))
+NPY_HANDOFF: Setting = (
     "limit",
     "hand-off loop (2 processes, batches of 32 lent to this one)",
     handoff_epochs,
     dict(processes=2),
 )
-JPEG_LIMITS = (
+JPEG_LIMITS: tuple[Setting, ...] = (
     ("limit", "2-core decode limit (2 processes: read + fast decode)", limit_epochs, dict(processes=2)),
     ("limit", "1-core decode limit (1 process: read + fast decode)", limit_epochs, dict(processes=1)),
     (
@@ -1144,8 +1154,10 @@ JPEG_LIMITS = (
         dict(processes=2),
     ),
 )
-HDF5_WIDE = ("steadyfeed", "thread w4", steadyfeed_epochs, dict(workers=4, mode="thread"))  # more threads than cores
-HDF5_REFERENCES = (  # the noise floor, and workers that keep every batch (no batch made in the consumer)
+# HDF5: more threads than cores
+HDF5_WIDE: Setting = ("steadyfeed", "thread w4", steadyfeed_epochs, dict(workers=4, mode="thread"))
+# the noise floor, and workers that keep every batch (no batch made in the consumer)
+HDF5_REFERENCES: tuple[Setting, ...] = (
     ("steadyfeed", "w0 again", steadyfeed_epochs, dict(workers=0, mode="thread")),
     (
         "steadyfeed",
@@ -1161,13 +1173,14 @@ HDF5_REFERENCES = (  # the noise floor, and workers that keep every batch (no ba
     ),
 )
 
-CACHED = (  # JPEG only: ImageFolder through a fresh MemoryCache; the warm-up epoch fills it and is reported
+# JPEG only: ImageFolder through a fresh MemoryCache; the warm-up epoch fills it and is reported
+CACHED: tuple[Setting, ...] = (
     ("steadyfeed", "MemoryCache w0", steadyfeed_epochs, dict(workers=0, mode="thread", cache=True)),
     ("steadyfeed", "MemoryCache thread w2", steadyfeed_epochs, dict(workers=2, mode="thread", cache=True)),
 )
 
 
-RECORDS = (
+RECORDS: tuple[Setting, ...] = (
     (
         "steadyfeed",
         "TFRecordSource GZIP + decode_image w0",
@@ -1210,7 +1223,7 @@ RECORDS = (
 )
 
 
-def settings(key: str) -> list[tuple]:
+def settings(key: str) -> list[Setting]:
     if key == "records":
         return list(RECORDS)
     if key == "npy":
@@ -1257,7 +1270,7 @@ def timing_groups(ds: Dataset, chosen: list[tuple], epochs: int) -> list[tuple[l
     return [(group, True, rounds) for group in judged] + [(rest, key != "hdf5", epochs)]
 
 
-def time_together(openers: list[Callable], epochs: int) -> list[Timing]:
+def time_together(openers: Sequence[Callable[[], AbstractContextManager[EpochFn]]], epochs: int) -> list[Timing]:
     """``time_interleaved`` over loaders opened at once, closed when done."""
     with ExitStack() as stack:
         return time_interleaved([stack.enter_context(opener()) for opener in openers], epochs)
@@ -1273,7 +1286,8 @@ def run_all(key: str, ds: Dataset, path: str, n: int, epochs: int) -> list[Resul
     so loaders open at once would run under whichever cache setting opened first (measured:
     Hdf5Source's shuffled reads and the bulk read 4-10x slower)."""
     chosen = settings(key)
-    timings, groups = {}, {}
+    timings: dict[int, Timing] = {}
+    groups: dict[int, str] = {}
     for g, (group, together, count) in enumerate(timing_groups(ds, chosen, epochs)):
         openers = [
             functools.partial(runner, ds, path, n, **kwargs) for _, _, runner, kwargs in map(chosen.__getitem__, group)
@@ -1561,7 +1575,8 @@ def jpeg_quality(path: str, n: int) -> str:
     image); and whether each decode is tf.io.decode_jpeg's, pixel for pixel."""
     tf = tf_module()
     k = min(QUALITY_IMAGES, n)
-    scores, same, between = {True: [], False: []}, {True: 0, False: 0}, []
+    scores: dict[bool, list[float]] = {True: [], False: []}
+    same, between = {True: 0, False: 0}, []
     photo = slice(2 * JPEG_BLOCK, None)  # the rows under the two rows of index blocks
     for i, pixels in enumerate(jpeg_pixels(k)):
         with open(jpeg_path(path, i), "rb") as f:

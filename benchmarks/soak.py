@@ -73,7 +73,7 @@ class ChaosSource:
 
     def __init__(self, n: int, width: int, control: str):
         self.n, self.width, self.control = n, width, control
-        self._flags = None
+        self._flags: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.n
@@ -328,7 +328,9 @@ def soak(
 
 
 def _run(loader, chaos: Chaos, mode: str, epochs: int, n: int, rss_slack: int, progress) -> SoakResult:
-    problems, series, pids, seen = [], {k: [] for k in ("rss", *COUNTS)}, set(), 0
+    problems, seen = [], 0
+    series: dict[str, list[int]] = {k: [] for k in ("rss", *COUNTS)}
+    pids: set[int] = set()
     quarantined: list[int] = []
     band = None
     chaos.start()
