@@ -6,6 +6,7 @@ fixture cannot be used here (Ray's own daemons are children of the test process)
 thread, no shared-memory segment.
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -39,7 +40,7 @@ from helpers import (  # noqa: E402
 import steadyfeed.ray as sfr  # noqa: E402
 from steadyfeed import CollateError, Loader, SampleTimeout, WorkerDied  # noqa: E402
 from steadyfeed.errors import RayClusterLost  # noqa: E402
-from steadyfeed.execution import ray_pool  # noqa: E402
+from steadyfeed.execution import ray_pool, shm  # noqa: E402
 from steadyfeed.execution.ray_pool import ACTOR_PREFIX, RayPool  # noqa: E402
 from steadyfeed.quality import Checked  # noqa: E402
 
@@ -152,6 +153,30 @@ def test_actor_cancelled_while_it_starts_leaves_no_status_slot(monkeypatch, mark
     while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
         time.sleep(0.05)
     assert snapshot()["segments"] == []
+
+
+@pytest.mark.parametrize("consumer_shm", ["same", "another machine's"])
+def test_an_actor_started_after_its_pool_let_it_go_makes_no_slot_of_its_own(consumer_shm, no_ray_leaks):
+    """An actor whose ``started`` runs after its pool shut down (a suite run under load: its
+    creation ended as the pool shut down, and 4 ms after the kill it made its own status slot,
+    which outlived the pool's sweep) finds the consumer's slot gone from the same ``/dev/shm``
+    and makes none. Where the consumer's ``/dev/shm`` is another machine's (a Ray Client
+    driver), a slot of its own is what it keeps, as before."""
+    token = shm.owner_token()  # the leak checks look for slots named after this process
+    own = f"{shm.PREFIX}{token}a0"
+    shm_id = ray_pool.shm_identity() if consumer_shm == "same" else "elsewhere"
+    node = ray.get_runtime_context().get_node_id()
+    actor = ray_pool.BatchActor.options(**ray_pool.ACTOR_OPTIONS).remote(
+        None, f"{shm.PREFIX}{token}r0", node, own, shm_id
+    )
+    try:
+        _, _, kept = ray.get(actor.started.remote(), timeout=120)
+        made = os.path.exists(os.path.join(ray_pool.SHM_DIR, own))
+    finally:
+        ray.kill(actor)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(ray_pool.SHM_DIR, own))
+    assert (kept, made) == ((None, False) if consumer_shm == "same" else (own, True))
 
 
 def test_skip_quarantines_with_the_same_fields_as_threads(marker_dir, no_ray_leaks):

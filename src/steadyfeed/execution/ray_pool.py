@@ -34,7 +34,10 @@ Guarantees:
   (``ray.kill``) and replaced (off the consumer's node, detection lags by up to one
   ``status()`` poll, and only the actor's own report of its elapsed time counts, so a stale
   view never kills it);
-* ``shutdown()`` kills every actor and agent of this pool and removes its status slots;
+* ``shutdown()`` kills every actor and agent of this pool and removes its status slots. An
+  actor killed while it was still starting may run its ``started`` call after the removal (a
+  loaded machine: 4 ms after); on the consumer's own ``/dev/shm`` it finds the consumer's slot
+  gone and makes none of its own, since one made then would outlive the pool;
 * a full ``/dev/shm`` never kills an actor with SIGBUS: every status slot's page is reserved
   when it is made (``shm.reserve``). Where the consumer's slot does not fit, its actors keep
   their own, as remote ones do (one ``RuntimeWarning``); where an actor's own does not fit
@@ -84,10 +87,10 @@ class BatchActor:
     """Runs tasks one at a time (default group, max_concurrency=1); ``status`` answers from
     its own thread meanwhile, so a hung or slow sample can be seen from outside."""
 
-    def __init__(self, ctx: WorkContext, shared_slot: str, consumer_node: str, own_slot: str):
+    def __init__(self, ctx: WorkContext, shared_slot: str, consumer_node: str, own_slot: str, consumer_shm: str | None):
         self.ctx = ctx
         self.node_id = ray.get_runtime_context().get_node_id()
-        self._slots: tuple | None = (shared_slot, consumer_node, own_slot)
+        self._slots: tuple | None = (shared_slot, consumer_node, own_slot, consumer_shm)
         self._map = None
         self.kept: str | None = None
         self.slot = StatusSlot([-1, -1, 0.0])  # none until started(): tasks come only after it
@@ -100,9 +103,14 @@ class BatchActor:
         ``__init__`` runs, so a slot made there could appear after the pool swept its slots;
         ``started`` runs only on an actor that is alive."""
         assert self._slots is not None  # opened once
-        (shared_slot, consumer_node, own_slot), self._slots = self._slots, None
-        self._map = _map_slot(shared_slot) if shared_slot and self.node_id == consumer_node else None
+        (shared_slot, consumer_node, own_slot, consumer_shm), self._slots = self._slots, None
+        on_consumer_node = bool(shared_slot) and self.node_id == consumer_node
+        self._map = _map_slot(shared_slot) if on_consumer_node else None
         self.kept = "shared" if self._map is not None else None
+        if self._map is None and on_consumer_node and consumer_shm is not None and consumer_shm == shm_identity():
+            # the consumer's slot is gone from the very /dev/shm it was made in: the pool let
+            # this actor go (it is being killed), and a slot made now would outlive its sweep
+            return
         if self._map is None:
             self._map = _create_slot(own_slot)  # None without /dev/shm: deaths then charge no sample
             self.kept = None if self._map is None else own_slot
@@ -148,6 +156,19 @@ class NodeAgent:
 
     def sweep(self, prefix: str) -> int:
         return _sweep(prefix)
+
+
+def shm_identity() -> str | None:
+    """Which ``/dev/shm`` this process sees: the kernel's boot id and the mount's device and
+    inode, equal only for two processes on one machine sharing that mount; None where there is
+    no such thing to compare (no ``/proc`` boot id, no ``/dev/shm``)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        st = os.stat(SHM_DIR)
+    except OSError:
+        return None
+    return f"{boot}:{st.st_dev}:{st.st_ino}"
 
 
 def _map_slot(name: str):
@@ -313,6 +334,7 @@ class RayPool(WorkerPool):
         self.node_id = ray.get_runtime_context().get_node_id()  # the consumer's node
         self.token = shm.owner_token()  # names our actors and status slots (the leak checks look for it)
         self._own_slots = f"{shm.PREFIX}{self.token}a"  # prefix of the slots actors keep on their nodes
+        self._shm = shm_identity()  # an actor that sees the same /dev/shm maps the consumer's slots
         self._cluster_lost = False  # then no more Ray calls: they would block on the missing head
         self._ctx_ref: ray.ObjectRef | None = ray.put(ctx)  # one copy, shared by every actor and every respawn
         self._agents: dict[str, Any] = {}  # node id -> NodeAgent
@@ -335,7 +357,7 @@ class RayPool(WorkerPool):
                 **ACTOR_OPTIONS,
                 max_restarts=0,
                 max_task_retries=0,  # the scheduler decides what a lost task becomes
-            ).remote(self._ctx_ref, shared, self.node_id, f"{self._own_slots}{wid}")
+            ).remote(self._ctx_ref, shared, self.node_id, f"{self._own_slots}{wid}", self._shm)
         except BaseException:
             if segment is not None:
                 shm.release(segment)
