@@ -371,16 +371,16 @@ def test_a_slower_consumer_keeps_the_workers():
 
 def test_workers_measured_clearly_faster_are_measured_again_before_they_keep_the_batches():
     """Two threads on shuffled HDF5 rows (h5py holds the GIL: they never beat the consumer)
-    measured 239 us a batch, the consumer's probe after them 284 us: one measure each, the
-    workers clearly faster. Measured again, they make batches at 283 us, and the consumer takes
+    measured 239 us a batch, the consumer's probe after them 283 us: one measure each, the
+    workers clearly faster. Measured again, they make batches at 284 us, and the consumer takes
     the batches; measured again as fast as the first time, they keep them."""
-    for again, to_workers in ((283 * US, False), (239 * US, True)):
+    for again, to_workers in ((284 * US, False), (239 * US, True)):
         h = H.MeasuredHandoff(settle=0, workers=2)
         feed(h, H.PROBE_BATCHES, 239 * US, 230 * US, 478 * US)
-        feed(h, 1 + H.PROBE_BATCHES, 284 * US, 284 * US, 270 * US, made_here=True)
+        feed(h, 1 + H.PROBE_BATCHES, 283 * US, 283 * US, 270 * US, made_here=True)
         assert h._phase == "confirm" and h.to_workers
         feed(h, H.PROBE_BATCHES, again, again, 478 * US)
-        feed(h, 1, 284 * US, 284 * US, 270 * US, made_here=not to_workers)  # the consumer's first, if it took over
+        feed(h, 1, 283 * US, 283 * US, 270 * US, made_here=not to_workers)  # the consumer's first, if it took over
         assert h._phase == "keep" and h.to_workers is to_workers
 
 
