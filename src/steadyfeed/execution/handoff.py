@@ -41,9 +41,9 @@ both ways and keeps the faster:
    that merely ties the probe is noise, and a tie goes to the consumer: workers are never to
    be a slowdown). One measure of each way, taken one after the other, can be off either
    way by its noise: two threads on shuffled HDF5 rows, which never beat the consumer there
-   (h5py holds the GIL while it reads), once measured 239 us a batch against its 283 and,
-   with no second measure, kept the batches at 0.9x its speed; measured again, they made
-   them at 284 us. A probe cut short (the consumer clearly slower) costs that second measure
+   (h5py holds the GIL while it reads), once measured 239 us a batch against its 283: on
+   that one measure they had kept the batches (at 0.9x its speed, in earlier runs); measured
+   again, they made them at 284 us. A probe cut short (the consumer clearly slower) costs that second measure
    only, made by the workers at their own speed.
    The first measure may have been taken while the data was cold (a page
    cache filling, the kernel's readahead of a pack under way), and a consumer probed after
