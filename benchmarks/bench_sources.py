@@ -1248,7 +1248,7 @@ def settings(key: str) -> list[Setting]:
 JUDGED_ROUNDS = 5  # rounds per --epochs of the loaders whose ratios are targets within a few % (timing_groups)
 
 
-def timing_groups(ds: Dataset, chosen: list[tuple], epochs: int) -> list[tuple[list[int], bool, int]]:
+def timing_groups(ds: Dataset, chosen: list[Setting], epochs: int) -> list[tuple[list[int], bool, int]]:
     """How the settings of one dataset are timed: groups of (indices into ``chosen``, whether
     they are open at once, timed epochs). steadyfeed's loaders and the limit proxies, whose
     ratios to each other are targets within 5-10%, run together in ``JUDGED_ROUNDS`` times more
